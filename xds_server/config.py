@@ -1,0 +1,165 @@
+"""The routing configuration: what operators write, validated before it is used.
+
+The same document is read from a local file (the default) and, later, from a Kubernetes
+ConfigMap. Validation is strict (unknown keys are errors) because a typo that silently
+falls back to a default is worse than a refused config: the server keeps the last good
+config and says what was wrong.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from xds_server.errors import ConfigError
+
+__all__ = [
+    "ConfigError",
+    "EndpointConfig",
+    "ListenerConfig",
+    "PoolConfig",
+    "RoutingConfig",
+    "UpdatesConfig",
+    "load_config",
+    "parse_config",
+]
+
+Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EndpointConfig(_Strict):
+    """One model-server endpoint, as `address:port`, with its load-balancing weight."""
+
+    address: str
+    port: Port
+    weight: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+
+    @field_validator("address")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not an IP address") from exc
+        return value
+
+
+class PoolConfig(_Strict):
+    """A set of interchangeable model-server endpoints that serve the same models."""
+
+    name: Name
+    models: Annotated[tuple[Annotated[str, Field(min_length=1, max_length=256)], ...], Field(min_length=1)]
+    endpoints: tuple[EndpointConfig, ...] = ()
+
+    @field_validator("models")
+    @classmethod
+    def _unique_models(cls, models: tuple[str, ...]) -> tuple[str, ...]:
+        duplicates = sorted({m for m in models if models.count(m) > 1})
+        if duplicates:
+            raise ValueError(f"models listed twice: {', '.join(duplicates)}")
+        return models
+
+    @field_validator("endpoints")
+    @classmethod
+    def _unique_endpoints(cls, endpoints: tuple[EndpointConfig, ...]) -> tuple[EndpointConfig, ...]:
+        seen: set[tuple[str, int]] = set()
+        for endpoint in endpoints:
+            key = (endpoint.address, endpoint.port)
+            if key in seen:
+                raise ValueError(f"endpoint {endpoint.address}:{endpoint.port} listed twice")
+            seen.add(key)
+        return endpoints
+
+
+class ListenerConfig(_Strict):
+    """Where Envoy accepts OpenAI-style traffic, and the limits of that traffic."""
+
+    address: str = "0.0.0.0"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    # Header that names the model when the body does not (the body's `model` wins).
+    model_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = "x-gateway-model-name"
+    # Largest request body Envoy buffers to read `model`; prompts can be many megabytes.
+    max_request_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 32 * 1024 * 1024
+    # Whole-request timeout; 0 disables it (long generations stream for minutes).
+    request_timeout_s: Annotated[float, Field(ge=0)] = 0.0
+    # Time a stream may go without any byte in either direction before Envoy resets it.
+    stream_idle_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    connect_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+
+    @field_validator("address")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        return EndpointConfig._ip_address(value)
+
+
+class UpdatesConfig(_Strict):
+    """How bursts of input changes are folded into one push (Istio uses 100 ms / 10 s)."""
+
+    debounce_s: Annotated[float, Field(ge=0, le=10)] = 0.1
+    max_delay_s: Annotated[float, Field(ge=0, le=60)] = 1.0
+
+
+class RoutingConfig(_Strict):
+    """The whole routing document."""
+
+    listener: ListenerConfig = ListenerConfig()
+    pools: Annotated[tuple[PoolConfig, ...], Field(min_length=1)]
+    updates: UpdatesConfig = UpdatesConfig()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> RoutingConfig:
+        pool_names = [p.name for p in self.pools]
+        twice = sorted({n for n in pool_names if pool_names.count(n) > 1})
+        if twice:
+            raise ValueError(f"pool names used twice: {', '.join(twice)}")
+        owner: dict[str, str] = {}
+        for pool in self.pools:
+            for model in pool.models:
+                if model in owner:
+                    raise ValueError(
+                        f"model {model!r} is served by both pool {owner[model]!r} and {pool.name!r}"
+                    )
+                owner[model] = pool.name
+        return self
+
+    def pool_of(self, model: str) -> PoolConfig | None:
+        """The pool serving `model`, or None when no pool does."""
+        return next((p for p in self.pools if model in p.models), None)
+
+
+def parse_config(document: str | bytes, *, source: str = "config") -> RoutingConfig:
+    """Parse and validate a YAML (or JSON) routing document.
+
+    Raises ConfigError with every problem found, each naming its field path.
+    """
+    try:
+        raw: Any = yaml.safe_load(document)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+    try:
+        return RoutingConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"{source}: {problems}") from exc
+
+
+def load_config(path: Path) -> RoutingConfig:
+    """Read and validate the routing document at `path`."""
+    try:
+        document = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    return parse_config(document, source=str(path))

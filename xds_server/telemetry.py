@@ -1,0 +1,77 @@
+"""The server's own Prometheus metrics, in one registry per server instance.
+
+A registry per instance (not prometheus-client's global one) lets several servers live in one
+process, as they do in tests and in the local demo.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["Telemetry"]
+
+_PUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Telemetry:
+    """Every metric the server exports; see the README's metrics reference."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.connected_streams = Gauge(
+            "xds_connected_streams", "ADS streams currently open.", ["protocol"], registry=r
+        )
+        self.responses = Counter(
+            "xds_responses", "Discovery responses sent (pushes), by resource type.", ["type"], registry=r
+        )
+        self.resources_sent = Counter(
+            "xds_resources_sent", "Resources carried by discovery responses.", ["type"], registry=r
+        )
+        self.push_duration = Histogram(
+            "xds_push_duration_seconds",
+            "Time from a snapshot being set to an Envoy acknowledging the response built from it.",
+            ["type"],
+            buckets=_PUSH_BUCKETS,
+            registry=r,
+        )
+        self.acks = Counter("xds_acks", "Responses acknowledged (ACK), by type.", ["type"], registry=r)
+        self.nacks = Counter("xds_nacks", "Responses rejected (NACK), by type.", ["type"], registry=r)
+        self.stale_nonces = Counter(
+            "xds_stale_nonces", "Requests ignored because their nonce was stale.", ["type"], registry=r
+        )
+        self.unknown_types = Counter(
+            "xds_unknown_type_requests", "Requests for a resource type this server does not serve.", registry=r
+        )
+        self.snapshot_version = Gauge(
+            "xds_snapshot_version_info",
+            "Always 1; labels carry the version of each resource type in each group's snapshot.",
+            ["group", "type", "version"],
+            registry=r,
+        )
+        self.snapshot_updates = Counter(
+            "xds_snapshot_updates", "Snapshots stored with new content, by group.", ["group"], registry=r
+        )
+        self.snapshot_build_duration = Histogram(
+            "xds_snapshot_build_seconds",
+            "Time to build and serialize a snapshot from the current inputs.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "xds_config_reloads", "Routing config loads, by result (ok, error).", ["result"], registry=r
+        )
+        self.config_last_reload_ok = Gauge(
+            "xds_config_last_reload_successful", "1 if the latest routing config load succeeded.", registry=r
+        )
+        self._version_labels: dict[tuple[str, str], str] = {}
+
+    def record_snapshot_version(self, *, group: str, type_name: str, version: str) -> None:
+        """Point xds_snapshot_version_info at `version`, dropping the series of the old one."""
+        old = self._version_labels.get((group, type_name))
+        if old == version:
+            return
+        if old is not None:
+            self.snapshot_version.remove(group, type_name, old)
+        self.snapshot_version.labels(group, type_name, version).set(1)
+        self._version_labels[(group, type_name)] = version

@@ -1,0 +1,158 @@
+"""Immutable snapshots of everything one group of Envoys should hold.
+
+A snapshot is built once, checked for consistency, and never changed; a new state is a new
+snapshot. Each resource is serialized exactly once, when the snapshot is built, into wire
+fragments that every stream concatenates into its responses: protobuf merges concatenated
+encodings of a message (repeated fields append), so
+`DiscoveryResponse(version, type_url, nonce) ++ DiscoveryResponse(resources=[r1]) ++ ...` is
+the encoding of one response holding r1, r2, ... Thousands of Envoys cost one serialization.
+
+Versions are content hashes, never counters: the same content yields the same version on any
+replica and after a restart, so an Envoy that reconnects with what it already has is not sent
+it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from types import MappingProxyType
+
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+
+from xds_server.errors import InconsistentSnapshotError
+from xds_server.xds.resources import ResourceType, name_of, references_of
+
+__all__ = ["Resource", "Snapshot", "content_hash"]
+
+
+def content_hash(*parts: bytes) -> str:
+    """A short, deterministic hash of `parts` (64 bits, hex)."""
+    digest = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One serialized resource and the wire fragments that carry it."""
+
+    type: ResourceType
+    name: str
+    message: Message = field(repr=False, compare=False)
+    # Hash of the deterministic serialization: the resource's version in Delta xDS.
+    version: str
+    # Names of `type.dependent` resources this one needs (see resources.references_of).
+    references: frozenset[str]
+    packed: any_pb2.Any = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, resource_type: ResourceType, message: Message) -> Resource:
+        if not isinstance(message, resource_type.message_class):
+            raise TypeError(
+                f"a {resource_type.name} resource must be a {resource_type.message_class.__name__},"
+                f" not {type(message).__name__}"
+            )
+        value = message.SerializeToString(deterministic=True)
+        return cls(
+            type=resource_type,
+            name=name_of(resource_type, message),
+            message=message,
+            version=content_hash(value),
+            references=references_of(resource_type, message),
+            packed=any_pb2.Any(type_url=resource_type.url, value=value),
+        )
+
+    @cached_property
+    def sotw_fragment(self) -> bytes:
+        """Encoding of a DiscoveryResponse holding only this resource."""
+        return discovery_pb2.DiscoveryResponse(resources=[self.packed]).SerializeToString()
+
+    @cached_property
+    def delta_fragment(self) -> bytes:
+        """Encoding of a DeltaDiscoveryResponse holding only this resource, with its version."""
+        wrapped = discovery_pb2.Resource(name=self.name, version=self.version, resource=self.packed)
+        return discovery_pb2.DeltaDiscoveryResponse(resources=[wrapped]).SerializeToString()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every resource of every type for one group of Envoys, with a version per type.
+
+    Build it with `Snapshot.build`, which refuses duplicate names and dangling references.
+    """
+
+    resources: Mapping[ResourceType, Mapping[str, Resource]]
+    versions: Mapping[ResourceType, str]
+
+    @classmethod
+    def build(cls, resources: Mapping[ResourceType, Iterable[Message]]) -> Snapshot:
+        """Serialize `resources` and return a consistent snapshot.
+
+        Raises ValueError for a name used twice within a type and InconsistentSnapshotError
+        for a reference to a resource the snapshot does not hold.
+        """
+        by_type: dict[ResourceType, Mapping[str, Resource]] = {}
+        for resource_type in ResourceType:
+            named: dict[str, Resource] = {}
+            for message in resources.get(resource_type, ()):
+                resource = Resource.of(resource_type, message)
+                if resource.name in named:
+                    raise ValueError(f"two {resource_type.name} resources are named {resource.name!r}")
+                named[resource.name] = resource
+            by_type[resource_type] = MappingProxyType(dict(sorted(named.items())))
+        return cls.from_resources(by_type)
+
+    @classmethod
+    def from_resources(cls, by_type: Mapping[ResourceType, Mapping[str, Resource]]) -> Snapshot:
+        """A snapshot of already-serialized resources (reused from an earlier snapshot)."""
+        versions = {
+            t: content_hash(*(f"{n}={r.version}".encode() for n, r in sorted(by_type[t].items())))
+            for t in ResourceType
+        }
+        snapshot = cls(resources=MappingProxyType(dict(by_type)), versions=MappingProxyType(versions))
+        snapshot.check_consistency()
+        return snapshot
+
+    def replace(self, resource_type: ResourceType, resources: Iterable[Message]) -> Snapshot:
+        """This snapshot with every resource of `resource_type` replaced; others are reused."""
+        rebuilt = Snapshot.build({resource_type: resources}).resources[resource_type]
+        return Snapshot.from_resources({**self.resources, resource_type: rebuilt})
+
+    def check_consistency(self) -> None:
+        """Raise InconsistentSnapshotError if a resource references one this snapshot lacks.
+
+        Every EDS cluster's ClusterLoadAssignment and every RDS route configuration a listener
+        names must be present, or Envoy would keep that cluster or listener warming.
+        """
+        for resource_type in ResourceType:
+            dependent = resource_type.dependent
+            if dependent is None:
+                continue
+            held = self.resources[dependent]
+            for resource in self.resources[resource_type].values():
+                missing = sorted(resource.references - held.keys())
+                if missing:
+                    raise InconsistentSnapshotError(
+                        f"{resource_type.name} {resource.name!r} references {dependent.name}"
+                        f" {', '.join(map(repr, missing))}, which the snapshot does not hold"
+                    )
+
+    def names(self, resource_type: ResourceType) -> frozenset[str]:
+        return frozenset(self.resources[resource_type])
+
+    def to_json(self) -> dict[str, object]:
+        """A summary for /debug/snapshot: versions and resource names with their versions."""
+        return {
+            t.short: {
+                "version": self.versions[t],
+                "resources": {n: r.version for n, r in self.resources[t].items()},
+            }
+            for t in ResourceType
+        }

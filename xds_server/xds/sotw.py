@@ -1,0 +1,129 @@
+"""State-of-the-world ADS: the protocol state machine of one stream.
+
+Rules (https://www.envoyproxy.io/docs/envoy/latest/api-docs/xds_protocol):
+
+- Each type has its own nonce. A request whose nonce is not the latest one sent for its type
+  is stale and ignored. A request with the latest nonce acknowledges that response: an ACK,
+  or a NACK when `error_detail` is set. The rejected content is not sent again; the next
+  change is.
+- At most one unacknowledged response per type; a response is sent only when what the
+  client asked for differs from what it was last sent.
+- Types go out in ADS order. After a CDS response Envoy re-subscribes the updated clusters'
+  endpoints and asks for EDS *before* it ACKs CDS; until it asks (or ACKs CDS), EDS is held,
+  and the next EDS response carries every subscribed ClusterLoadAssignment even if none
+  changed, or the updated clusters would stay warming. LDS holds RDS the same way.
+- Wildcard: a first request with no names (the legacy form) or a request naming "*" asks for
+  every resource of the type; naming resources later ends the legacy wildcard.
+- A first request carrying the version the server has (a reconnect) is not answered until
+  something changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from xds_server.xds.resources import ResourceType
+from xds_server.xds.snapshot import Resource
+from xds_server.xds.stream import ProtocolStream, Response, StreamObserver, TypeState
+
+__all__ = ["SotwStream"]
+
+WILDCARD = "*"
+
+_Key = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class _SotwTypeState(TypeState):
+    names: frozenset[str] = frozenset()
+    # (name, version) pairs of the last response, to tell whether anything changed.
+    sent: _Key | None = None
+    # Send the next response even if nothing changed (EDS after a CDS response).
+    force: bool = False
+
+
+class SotwStream(ProtocolStream[_SotwTypeState]):
+    """The state of one SotW ADS stream. Not thread-safe; one task drives it."""
+
+    def __init__(self, *, stream_id: int, observer: StreamObserver) -> None:
+        super().__init__(
+            stream_id=stream_id,
+            observer=observer,
+            states={t: _SotwTypeState() for t in ResourceType},
+        )
+
+    def receive(self, request: discovery_pb2.DiscoveryRequest) -> list[Response]:
+        """Apply one request and return the responses to send, in order."""
+        resource_type = ResourceType.from_url(request.type_url)
+        if resource_type is None:
+            self._observer.on_unknown_type(request.type_url)
+            return []
+        state = self._types[resource_type]
+        if state.last_nonce is not None and request.response_nonce != state.last_nonce:
+            self._observer.on_stale_nonce(resource_type, request.response_nonce)
+            return []
+        first = not state.subscribed
+        self._acknowledge(
+            resource_type, request.error_detail if request.HasField("error_detail") else None
+        )
+        names = frozenset(request.resource_names)
+        state.wildcard = WILDCARD in names or (not names and (first or state.wildcard))
+        state.names = names - {WILDCARD}
+        state.subscribed = True
+        state.held = False
+        if first and self._snapshot is not None and request.version_info:
+            if request.version_info == self._snapshot.versions[resource_type]:
+                state.sent = self._key(self._selected(resource_type, state))
+                state.acked_version = request.version_info
+        return self._flush()
+
+    def _selected(self, resource_type: ResourceType, state: _SotwTypeState) -> list[Resource]:
+        assert self._snapshot is not None
+        held = self._snapshot.resources[resource_type]
+        if state.wildcard:
+            return list(held.values())
+        return [held[name] for name in sorted(state.names) if name in held]
+
+    @staticmethod
+    def _key(selected: list[Resource]) -> _Key:
+        return tuple((r.name, r.version) for r in selected)
+
+    def _flush(self) -> list[Response]:
+        if self._snapshot is None:
+            return []
+        responses = []
+        for resource_type in ResourceType:
+            state = self._types[resource_type]
+            if not state.subscribed or state.outstanding is not None or state.held:
+                continue
+            selected = self._selected(resource_type, state)
+            key = self._key(selected)
+            if key == state.sent and not state.force:
+                continue
+            responses.append(self._respond(resource_type, selected, key))
+        return responses
+
+    def _respond(self, resource_type: ResourceType, selected: list[Resource], key: _Key) -> Response:
+        assert self._snapshot is not None
+        nonce = self._next_nonce()
+        version = self._snapshot.versions[resource_type]
+        header = discovery_pb2.DiscoveryResponse(
+            version_info=version, type_url=resource_type.url, nonce=nonce
+        ).SerializeToString()
+        response = Response(
+            type=resource_type,
+            nonce=nonce,
+            version=version,
+            payload=header + b"".join(r.sotw_fragment for r in selected),
+            resource_names=tuple(name for name, _ in key),
+            snapshot_born=self._born,
+        )
+        state = self._types[resource_type]
+        state.sent, state.force = key, False
+        if resource_type is ResourceType.CLUSTER:
+            # Envoy re-subscribes an updated cluster's endpoints and needs them re-sent.
+            self._types[ResourceType.ENDPOINT].force = True
+        self._sent(resource_type, response)
+        return response
