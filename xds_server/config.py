@@ -57,7 +57,9 @@ class PoolConfig(_Strict):
     """A set of interchangeable model-server endpoints that serve the same models."""
 
     name: Name
-    models: Annotated[tuple[Annotated[str, Field(min_length=1, max_length=256)], ...], Field(min_length=1)]
+    models: Annotated[
+        tuple[Annotated[str, Field(min_length=1, max_length=256)], ...], Field(min_length=1)
+    ]
     endpoints: tuple[EndpointConfig, ...] = ()
 
     @field_validator("models")
@@ -146,12 +148,15 @@ def parse_config(document: str | bytes, *, source: str = "config") -> RoutingCon
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(raw).__name__}")
+        raise ConfigError(
+            f"{source}: expected a mapping at the top level, got {type(raw).__name__}"
+        )
     try:
         return RoutingConfig.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
         )
         raise ConfigError(f"{source}: {problems}") from exc
 

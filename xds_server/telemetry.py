@@ -23,7 +23,10 @@ class Telemetry:
             "xds_connected_streams", "ADS streams currently open.", ["protocol"], registry=r
         )
         self.responses = Counter(
-            "xds_responses", "Discovery responses sent (pushes), by resource type.", ["type"], registry=r
+            "xds_responses",
+            "Discovery responses sent (pushes), by resource type.",
+            ["type"],
+            registry=r,
         )
         self.resources_sent = Counter(
             "xds_resources_sent", "Resources carried by discovery responses.", ["type"], registry=r
@@ -35,13 +38,22 @@ class Telemetry:
             buckets=_PUSH_BUCKETS,
             registry=r,
         )
-        self.acks = Counter("xds_acks", "Responses acknowledged (ACK), by type.", ["type"], registry=r)
-        self.nacks = Counter("xds_nacks", "Responses rejected (NACK), by type.", ["type"], registry=r)
+        self.acks = Counter(
+            "xds_acks", "Responses acknowledged (ACK), by type.", ["type"], registry=r
+        )
+        self.nacks = Counter(
+            "xds_nacks", "Responses rejected (NACK), by type.", ["type"], registry=r
+        )
         self.stale_nonces = Counter(
-            "xds_stale_nonces", "Requests ignored because their nonce was stale.", ["type"], registry=r
+            "xds_stale_nonces",
+            "Requests ignored because their nonce was stale.",
+            ["type"],
+            registry=r,
         )
         self.unknown_types = Counter(
-            "xds_unknown_type_requests", "Requests for a resource type this server does not serve.", registry=r
+            "xds_unknown_type_requests",
+            "Requests for a resource type this server does not serve.",
+            registry=r,
         )
         self.snapshot_version = Gauge(
             "xds_snapshot_version_info",
@@ -50,7 +62,10 @@ class Telemetry:
             registry=r,
         )
         self.snapshot_updates = Counter(
-            "xds_snapshot_updates", "Snapshots stored with new content, by group.", ["group"], registry=r
+            "xds_snapshot_updates",
+            "Snapshots stored with new content, by group.",
+            ["group"],
+            registry=r,
         )
         self.snapshot_build_duration = Histogram(
             "xds_snapshot_build_seconds",
@@ -59,10 +74,15 @@ class Telemetry:
             registry=r,
         )
         self.config_reloads = Counter(
-            "xds_config_reloads", "Routing config loads, by result (ok, error).", ["result"], registry=r
+            "xds_config_reloads",
+            "Routing config loads, by result (ok, error).",
+            ["result"],
+            registry=r,
         )
         self.config_last_reload_ok = Gauge(
-            "xds_config_last_reload_successful", "1 if the latest routing config load succeeded.", registry=r
+            "xds_config_last_reload_successful",
+            "1 if the latest routing config load succeeded.",
+            registry=r,
         )
         self._version_labels: dict[tuple[str, str], str] = {}
 

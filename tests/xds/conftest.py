@@ -51,7 +51,9 @@ class RawClient:
         self.delta = delta
         self._channel = grpc.aio.insecure_channel(target)
         stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self._channel)
-        self._call: Any = stub.DeltaAggregatedResources() if delta else stub.StreamAggregatedResources()
+        self._call: Any = (
+            stub.DeltaAggregatedResources() if delta else stub.StreamAggregatedResources()
+        )
         self._responses: asyncio.Queue[Any] = asyncio.Queue()
         self._reader = asyncio.create_task(self._read())
 
@@ -63,11 +65,13 @@ class RawClient:
             pass
 
     async def send(self, type_url: str, **fields: Any) -> None:
-        request_class = discovery_pb2.DeltaDiscoveryRequest if self.delta else discovery_pb2.DiscoveryRequest
+        request_class = (
+            discovery_pb2.DeltaDiscoveryRequest if self.delta else discovery_pb2.DiscoveryRequest
+        )
         await self._call.write(request_class(node=self.node, type_url=type_url, **fields))
 
-    async def recv(self, timeout: float = 2.0) -> Any:
-        return await asyncio.wait_for(self._responses.get(), timeout)
+    async def recv(self, within_s: float = 2.0) -> Any:
+        return await asyncio.wait_for(self._responses.get(), within_s)
 
     async def expect_silence(self, seconds: float = 0.3) -> None:
         await asyncio.sleep(seconds)

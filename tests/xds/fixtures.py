@@ -18,7 +18,9 @@ from google.protobuf.wrappers_pb2 import UInt32Value
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
-ADS = config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3)
+ADS = config_source_pb2.ConfigSource(
+    ads=config_source_pb2.AggregatedConfigSource(), resource_api_version=config_source_pb2.V3
+)
 
 
 def cluster(name: str, *, connect_timeout_ms: int = 1000) -> cluster_pb2.Cluster:
@@ -26,11 +28,15 @@ def cluster(name: str, *, connect_timeout_ms: int = 1000) -> cluster_pb2.Cluster
         name=name,
         type=cluster_pb2.Cluster.EDS,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=ADS, service_name=name),
-        connect_timeout=duration_pb2.Duration(seconds=connect_timeout_ms // 1000, nanos=connect_timeout_ms % 1000 * 1_000_000),
+        connect_timeout=duration_pb2.Duration(
+            seconds=connect_timeout_ms // 1000, nanos=connect_timeout_ms % 1000 * 1_000_000
+        ),
     )
 
 
-def assignment(name: str, endpoints: Sequence[tuple[str, int, int]]) -> endpoint_pb2.ClusterLoadAssignment:
+def assignment(
+    name: str, endpoints: Sequence[tuple[str, int, int]]
+) -> endpoint_pb2.ClusterLoadAssignment:
     return endpoint_pb2.ClusterLoadAssignment(
         cluster_name=name,
         endpoints=[
@@ -39,7 +45,9 @@ def assignment(name: str, endpoints: Sequence[tuple[str, int, int]]) -> endpoint
                     endpoint_components_pb2.LbEndpoint(
                         endpoint=endpoint_components_pb2.Endpoint(
                             address=address_pb2.Address(
-                                socket_address=address_pb2.SocketAddress(address=host, port_value=port)
+                                socket_address=address_pb2.SocketAddress(
+                                    address=host, port_value=port
+                                )
                             )
                         ),
                         load_balancing_weight=UInt32Value(value=weight),
@@ -58,7 +66,9 @@ def api_listener(name: str, route_name: str) -> listener_pb2.Listener:
     )
     packed = any_pb2.Any()
     packed.Pack(hcm)
-    return listener_pb2.Listener(name=name, api_listener=api_listener_pb2.ApiListener(api_listener=packed))
+    return listener_pb2.Listener(
+        name=name, api_listener=api_listener_pb2.ApiListener(api_listener=packed)
+    )
 
 
 def route_config(name: str, cluster_name: str) -> route_pb2.RouteConfiguration:
@@ -89,7 +99,9 @@ def snapshot(
     listeners = listeners or {}
     return Snapshot.build(
         {
-            ResourceType.CLUSTER: [cluster(n, connect_timeout_ms=connect_timeout_ms) for n in pools],
+            ResourceType.CLUSTER: [
+                cluster(n, connect_timeout_ms=connect_timeout_ms) for n in pools
+            ],
             ResourceType.ENDPOINT: [assignment(n, eps) for n, eps in pools.items()],
             ResourceType.LISTENER: [api_listener(n, f"route-{n}") for n in listeners],
             ResourceType.ROUTE: [route_config(f"route-{n}", pool) for n, pool in listeners.items()],

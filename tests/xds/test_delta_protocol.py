@@ -98,7 +98,9 @@ async def test_nack_keeps_last_good_and_waits_for_change(ads, clients) -> None: 
     await client.send(CDS, response_nonce=good.nonce)
     ads.cache.set_snapshot(fixtures.snapshot(POOLS, connect_timeout_ms=7))
     bad = await client.recv()
-    await client.send(CDS, response_nonce=bad.nonce, error_detail=status_pb2.Status(code=3, message="nope"))
+    await client.send(
+        CDS, response_nonce=bad.nonce, error_detail=status_pb2.Status(code=3, message="nope")
+    )
     await client.expect_silence(0.2)
     assert ads.metric("xds_nacks_total", type="cds") == 1
     [record] = ads.registry.streams()

@@ -44,7 +44,9 @@ async def test_wildcard_cds_then_named_eds_and_ack(ads, clients) -> None:  # typ
     eds = await client.recv()
     assert names(eds) == ["a"]
     await client.send(CDS, version_info=cds.version_info, response_nonce=cds.nonce)
-    await client.send(EDS, version_info=eds.version_info, resource_names=["a"], response_nonce=eds.nonce)
+    await client.send(
+        EDS, version_info=eds.version_info, resource_names=["a"], response_nonce=eds.nonce
+    )
     await client.expect_silence()
     assert ads.metric("xds_acks_total", type="cds") == 1
     assert ads.metric("xds_acks_total", type="eds") == 1
@@ -69,10 +71,17 @@ async def test_change_is_pushed_only_after_ack_and_only_when_content_changes(ads
     # A change to "b" while the response is unacknowledged waits for the ACK.
     assert ads.cache.set_snapshot(fixtures.snapshot({**POOLS, "b": [("10.0.0.3", 80, 1)]}))
     await client.expect_silence(0.2)
-    await client.send(EDS, resource_names=["a", "b"], version_info=first.version_info, response_nonce=first.nonce)
+    await client.send(
+        EDS, resource_names=["a", "b"], version_info=first.version_info, response_nonce=first.nonce
+    )
     second = await client.recv()
     assert second.version_info != first.version_info
-    await client.send(EDS, resource_names=["a", "b"], version_info=second.version_info, response_nonce=second.nonce)
+    await client.send(
+        EDS,
+        resource_names=["a", "b"],
+        version_info=second.version_info,
+        response_nonce=second.nonce,
+    )
     # Same content again: nothing is sent (and the cache reports no change).
     assert not ads.cache.set_snapshot(fixtures.snapshot({**POOLS, "b": [("10.0.0.3", 80, 1)]}))
     await client.expect_silence(0.2)
@@ -83,11 +92,18 @@ async def test_named_subscription_ignores_other_resources(ads, clients) -> None:
     client = clients()
     await client.send(EDS, resource_names=["a"])
     first = await client.recv()
-    await client.send(EDS, resource_names=["a"], version_info=first.version_info, response_nonce=first.nonce)
+    await client.send(
+        EDS, resource_names=["a"], version_info=first.version_info, response_nonce=first.nonce
+    )
     ads.cache.set_snapshot(fixtures.snapshot({**POOLS, "b": [("10.0.0.9", 80, 1)]}))
     await client.expect_silence(0.2)
     # Subscribing to a new name is answered at once, with both names, each once.
-    await client.send(EDS, resource_names=["a", "b", "a"], version_info=first.version_info, response_nonce=first.nonce)
+    await client.send(
+        EDS,
+        resource_names=["a", "b", "a"],
+        version_info=first.version_info,
+        response_nonce=first.nonce,
+    )
     assert names(await client.recv()) == ["a", "b"]
 
 
@@ -162,7 +178,9 @@ async def test_cluster_change_resends_unchanged_endpoints_in_ads_order(ads, clie
     await client.send(EDS, resource_names=["a", "b"])
     eds = await client.recv()
     await client.send(CDS, version_info=cds.version_info, response_nonce=cds.nonce)
-    await client.send(EDS, resource_names=["a", "b"], version_info=eds.version_info, response_nonce=eds.nonce)
+    await client.send(
+        EDS, resource_names=["a", "b"], version_info=eds.version_info, response_nonce=eds.nonce
+    )
     await client.expect_silence(0.2)
     # Clusters change, endpoints do not: CDS goes out, EDS waits for Envoy's EDS request...
     ads.cache.set_snapshot(fixtures.snapshot(POOLS, connect_timeout_ms=3000))
@@ -170,7 +188,9 @@ async def test_cluster_change_resends_unchanged_endpoints_in_ads_order(ads, clie
     assert cds2.type_url == CDS
     await client.expect_silence(0.2)
     # ...which it answers with the full, unchanged assignment set.
-    await client.send(EDS, resource_names=["a", "b"], version_info=eds.version_info, response_nonce=eds.nonce)
+    await client.send(
+        EDS, resource_names=["a", "b"], version_info=eds.version_info, response_nonce=eds.nonce
+    )
     eds2 = await client.recv()
     assert eds2.type_url == EDS and names(eds2) == ["a", "b"]
     assert eds2.version_info == eds.version_info
@@ -184,7 +204,9 @@ async def test_eds_resent_after_cds_ack_when_envoy_does_not_ask(ads, clients) ->
     await client.send(EDS, resource_names=["a"])
     eds = await client.recv()
     await client.send(CDS, version_info=cds.version_info, response_nonce=cds.nonce)
-    await client.send(EDS, resource_names=["a"], version_info=eds.version_info, response_nonce=eds.nonce)
+    await client.send(
+        EDS, resource_names=["a"], version_info=eds.version_info, response_nonce=eds.nonce
+    )
     ads.cache.set_snapshot(fixtures.snapshot(POOLS, connect_timeout_ms=3000))
     cds2 = await client.recv()
     await client.send(CDS, version_info=cds2.version_info, response_nonce=cds2.nonce)

@@ -6,4 +6,11 @@ from xds_server.xds.resources import ResourceType
 from xds_server.xds.server import AdsServer
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["DEFAULT_GROUP", "AdsServer", "NodeRegistry", "ResourceType", "Snapshot", "SnapshotCache"]
+__all__ = [
+    "DEFAULT_GROUP",
+    "AdsServer",
+    "NodeRegistry",
+    "ResourceType",
+    "Snapshot",
+    "SnapshotCache",
+]

@@ -99,4 +99,6 @@ class SnapshotCache:
         return cancel
 
     def to_json(self) -> dict[str, object]:
-        return {group or "(default)": entry.snapshot.to_json() for group, entry in self._entries.items()}
+        return {
+            group or "(default)": entry.snapshot.to_json() for group, entry in self._entries.items()
+        }

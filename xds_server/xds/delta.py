@@ -76,7 +76,8 @@ class DeltaStream(ProtocolStream[_DeltaTypeState]):
             state.held = False
             if request.response_nonce:
                 self._acknowledge(
-                    resource_type, request.error_detail if request.HasField("error_detail") else None
+                    resource_type,
+                    request.error_detail if request.HasField("error_detail") else None,
                 )
         return self._flush()
 
@@ -91,14 +92,18 @@ class DeltaStream(ProtocolStream[_DeltaTypeState]):
             held = self._snapshot.resources[resource_type]
             wanted = held.keys() if state.wildcard else state.names & held.keys()
             updates = [
-                held[name] for name in sorted(wanted) if state.client_has.get(name) != held[name].version
+                held[name]
+                for name in sorted(wanted)
+                if state.client_has.get(name) != held[name].version
             ]
             removed = sorted(name for name in state.client_has if name not in held)
             if updates or removed:
                 responses.append(self._respond(resource_type, updates, removed))
         return responses
 
-    def _respond(self, resource_type: ResourceType, updates: list[Resource], removed: list[str]) -> Response:
+    def _respond(
+        self, resource_type: ResourceType, updates: list[Resource], removed: list[str]
+    ) -> Response:
         assert self._snapshot is not None
         nonce = self._next_nonce()
         version = self._snapshot.versions[resource_type]

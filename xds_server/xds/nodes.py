@@ -83,8 +83,13 @@ class _RecordingObserver:
         self._telemetry.resources_sent.labels(t).inc(len(response.resource_names))
         logger.debug(
             "Sent %s version %s (%d resources, %d removed) to node %r on stream %d, nonce %s.",
-            t, response.version, len(response.resource_names), len(response.removed),
-            self._record.node_id, self._record.stream_id, response.nonce,
+            t,
+            response.version,
+            len(response.resource_names),
+            len(response.removed),
+            self._record.node_id,
+            self._record.stream_id,
+            response.nonce,
         )
 
     def on_ack(self, response: Response) -> None:
@@ -92,31 +97,44 @@ class _RecordingObserver:
         self._record.acked[t] = response.version
         self._telemetry.acks.labels(t).inc()
         if response.snapshot_born:
-            self._telemetry.push_duration.labels(t).observe(time.monotonic() - response.snapshot_born)
+            self._telemetry.push_duration.labels(t).observe(
+                time.monotonic() - response.snapshot_born
+            )
 
     def on_nack(self, response: Response, error: str) -> None:
         t = response.type.short
         self._record.nacks += 1
-        self._record.last_nack = NackRecord(type=t, version=response.version, error=error, at=time.time())
+        self._record.last_nack = NackRecord(
+            type=t, version=response.version, error=error, at=time.time()
+        )
         self._telemetry.nacks.labels(t).inc()
         logger.warning(
             "Node %r rejected %s version %s (stream %d): %s. It keeps its previous %s config;"
             " the server sends again on the next change.",
-            self._record.node_id, t, response.version, self._record.stream_id, error, t,
+            self._record.node_id,
+            t,
+            response.version,
+            self._record.stream_id,
+            error,
+            t,
         )
 
     def on_stale_nonce(self, resource_type: ResourceType, nonce: str) -> None:
         self._telemetry.stale_nonces.labels(resource_type.short).inc()
         logger.debug(
             "Ignored a %s request with stale nonce %r from node %r (stream %d).",
-            resource_type.short, nonce, self._record.node_id, self._record.stream_id,
+            resource_type.short,
+            nonce,
+            self._record.node_id,
+            self._record.stream_id,
         )
 
     def on_unknown_type(self, type_url: str) -> None:
         self._telemetry.unknown_types.inc()
         logger.warning(
             "Node %r asked for %s, which this server does not serve; ignored.",
-            self._record.node_id, type_url,
+            self._record.node_id,
+            type_url,
         )
 
 
@@ -132,7 +150,9 @@ class NodeRegistry:
         self._ids = itertools.count(1)
 
     def open(self, *, protocol: str, peer: str) -> tuple[StreamRecord, StreamObserver]:
-        record = StreamRecord(stream_id=next(self._ids), protocol=protocol, peer=peer, opened_at=time.time())
+        record = StreamRecord(
+            stream_id=next(self._ids), protocol=protocol, peer=peer, opened_at=time.time()
+        )
         self._streams[record.stream_id] = record
         self._telemetry.connected_streams.labels(protocol).inc()
         return record, _RecordingObserver(record, self._telemetry)

@@ -34,7 +34,7 @@ class ResourceType(enum.IntEnum):
 
     @property
     def url(self) -> str:
-        return _URLS[self]
+        return str(_URLS[self])
 
     @property
     def short(self) -> str:
@@ -70,14 +70,17 @@ _SHORT = {
     ResourceType.LISTENER: "lds",
     ResourceType.ROUTE: "rds",
 }
-_DEPENDENT = {ResourceType.CLUSTER: ResourceType.ENDPOINT, ResourceType.LISTENER: ResourceType.ROUTE}
+_DEPENDENT = {
+    ResourceType.CLUSTER: ResourceType.ENDPOINT,
+    ResourceType.LISTENER: ResourceType.ROUTE,
+}
 
 
 def name_of(resource_type: ResourceType, message: Message) -> str:
     """The name a resource is requested by (a ClusterLoadAssignment's is its cluster_name)."""
     if resource_type is ResourceType.ENDPOINT:
-        return str(message.cluster_name)  # type: ignore[attr-defined]
-    return str(message.name)  # type: ignore[attr-defined]
+        return str(message.cluster_name)
+    return str(message.name)
 
 
 def references_of(resource_type: ResourceType, message: Message) -> frozenset[str]:
@@ -88,12 +91,12 @@ def references_of(resource_type: ResourceType, message: Message) -> frozenset[st
     names through RDS. Other resources reference nothing.
     """
     if resource_type is ResourceType.CLUSTER:
-        cluster: cluster_pb2.Cluster = message  # type: ignore[assignment]
+        cluster: cluster_pb2.Cluster = message
         if cluster.WhichOneof("cluster_discovery_type") != "type" or cluster.type != cluster.EDS:
             return frozenset()
         return frozenset({cluster.eds_cluster_config.service_name or cluster.name})
     if resource_type is ResourceType.LISTENER:
-        listener: listener_pb2.Listener = message  # type: ignore[assignment]
+        listener: listener_pb2.Listener = message
         packed = [f.typed_config for chain in listener.filter_chains for f in chain.filters]
         if listener.HasField("default_filter_chain"):
             packed += [f.typed_config for f in listener.default_filter_chain.filters]

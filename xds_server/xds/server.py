@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeAlias
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -21,6 +21,7 @@ from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.delta import DeltaStream
 from xds_server.xds.nodes import NodeRegistry
 from xds_server.xds.sotw import SotwStream
+from xds_server.xds.stream import Response
 
 __all__ = ["ADS_SERVICE", "AdsServer"]
 
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 ADS_SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 
-_Request = discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest
+_Request: TypeAlias = discovery_pb2.DiscoveryRequest | discovery_pb2.DeltaDiscoveryRequest
 
 
 class _Wake(enum.Enum):
@@ -66,7 +67,9 @@ class AdsServer:
 
     # grpc.aio recognises streaming handlers by inspect.isasyncgenfunction: these must yield.
     async def _stream_sotw(
-        self, requests: AsyncIterator[discovery_pb2.DiscoveryRequest], context: grpc.aio.ServicerContext[Any, Any]
+        self,
+        requests: AsyncIterator[discovery_pb2.DiscoveryRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[bytes]:
         async for payload in self._serve("sotw", requests, context):
             yield payload
@@ -85,62 +88,92 @@ class AdsServer:
         requests: AsyncIterator[_Request],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[bytes]:
-        record, observer = self._registry.open(protocol=protocol, peer=context.peer())
-        stream: SotwStream | DeltaStream = (
-            SotwStream(stream_id=record.stream_id, observer=observer)
-            if protocol == "sotw"
-            else DeltaStream(stream_id=record.stream_id, observer=observer)
+        session = _Session(
+            protocol=protocol, peer=context.peer(), cache=self._cache, registry=self._registry
         )
-        events: asyncio.Queue[_Request | _Wake] = asyncio.Queue()
-        wake_pending = False
-
-        def wake() -> None:
-            nonlocal wake_pending
-            if not wake_pending:
-                wake_pending = True
-                events.put_nowait(_Wake.SNAPSHOT)
 
         async def read() -> None:
             try:
                 async for request in requests:
-                    events.put_nowait(request)
+                    session.events.put_nowait(request)
             except (grpc.RpcError, asyncio.CancelledError):
                 pass
             finally:
-                events.put_nowait(_Wake.END)
+                session.events.put_nowait(_Wake.END)
 
-        reader = asyncio.create_task(read(), name=f"ads-reader-{record.stream_id}")
-        cancel_watch = None
-        logger.info("ADS %s stream %d opened by %s.", protocol, record.stream_id, record.peer)
+        reader = asyncio.create_task(read(), name=f"ads-reader-{session.record.stream_id}")
         try:
-            while True:
-                event = await events.get()
-                if event is _Wake.END:
-                    break
-                if event is _Wake.SNAPSHOT:
-                    wake_pending = False
-                    entry = self._cache.entry_for(record.group)
-                    responses = [] if entry is None else stream.set_snapshot(entry.snapshot, born=entry.born)
-                else:
-                    assert not isinstance(event, _Wake)
-                    if cancel_watch is None:
-                        if event.HasField("node"):
-                            observer.on_node(event.node)
-                            record.group = self._cache.group_of(event.node)
-                        logger.info(
-                            "Node %r (cluster %r) identified on ADS %s stream %d; serving group %r.",
-                            record.node_id, record.node_cluster, protocol, record.stream_id, record.group,
-                        )
-                        cancel_watch = self._cache.watch(record.group, wake)
-                        entry = self._cache.entry_for(record.group)
-                        if entry is not None:
-                            stream.set_snapshot(entry.snapshot, born=entry.born)
-                    responses = stream.receive(event)  # type: ignore[arg-type]
-                for response in responses:
+            while (event := await session.events.get()) is not _Wake.END:
+                for response in session.handle(event):
                     yield response.payload
         finally:
             reader.cancel()
-            if cancel_watch is not None:
-                cancel_watch()
-            self._registry.close(record)
-            logger.info("ADS %s stream %d of node %r closed.", protocol, record.stream_id, record.node_id)
+            session.close()
+
+
+class _Session:
+    """One open stream: its record, its protocol state machine and its event queue.
+
+    Mutable state: the queue, whether a snapshot wake-up is already queued (wake-ups are
+    coalesced: the state machine always reads the latest snapshot), and the cache watch.
+    """
+
+    def __init__(
+        self, *, protocol: str, peer: str, cache: SnapshotCache, registry: NodeRegistry
+    ) -> None:
+        self._cache = cache
+        self._registry = registry
+        self.record, self._observer = registry.open(protocol=protocol, peer=peer)
+        self.stream: SotwStream | DeltaStream = (
+            SotwStream(stream_id=self.record.stream_id, observer=self._observer)
+            if protocol == "sotw"
+            else DeltaStream(stream_id=self.record.stream_id, observer=self._observer)
+        )
+        self.events: asyncio.Queue[_Request | _Wake] = asyncio.Queue()
+        self._wake_queued = False
+        self._cancel_watch: Callable[[], None] | None = None
+        logger.info("ADS %s stream %d opened by %s.", protocol, self.record.stream_id, peer)
+
+    def _wake(self) -> None:
+        if not self._wake_queued:
+            self._wake_queued = True
+            self.events.put_nowait(_Wake.SNAPSHOT)
+
+    def handle(self, event: _Request | _Wake) -> list[Response]:
+        """The responses `event` makes due, in send order."""
+        if event is _Wake.SNAPSHOT:
+            self._wake_queued = False
+            entry = self._cache.entry_for(self.record.group)
+            return (
+                [] if entry is None else self.stream.set_snapshot(entry.snapshot, born=entry.born)
+            )
+        assert not isinstance(event, _Wake)
+        if self._cancel_watch is None:
+            self._identify(event)
+        return self.stream.receive(event)
+
+    def _identify(self, first: _Request) -> None:
+        """Pick the node's group from its first request, watch it, and adopt its snapshot."""
+        record = self.record
+        if first.HasField("node"):
+            self._observer.on_node(first.node)
+            record.group = self._cache.group_of(first.node)
+        logger.info(
+            "Node %r (cluster %r) identified on ADS %s stream %d; serving group %r.",
+            record.node_id, record.node_cluster, record.protocol, record.stream_id, record.group,
+        )  # fmt: skip
+        self._cancel_watch = self._cache.watch(record.group, self._wake)
+        entry = self._cache.entry_for(record.group)
+        if entry is not None:
+            self.stream.set_snapshot(entry.snapshot, born=entry.born)
+
+    def close(self) -> None:
+        if self._cancel_watch is not None:
+            self._cancel_watch()
+        self._registry.close(self.record)
+        logger.info(
+            "ADS %s stream %d of node %r closed.",
+            self.record.protocol,
+            self.record.stream_id,
+            self.record.node_id,
+        )

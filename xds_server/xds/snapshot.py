@@ -72,13 +72,24 @@ class Resource:
     @cached_property
     def sotw_fragment(self) -> bytes:
         """Encoding of a DiscoveryResponse holding only this resource."""
-        return discovery_pb2.DiscoveryResponse(resources=[self.packed]).SerializeToString()
+        return bytes(discovery_pb2.DiscoveryResponse(resources=[self.packed]).SerializeToString())
 
     @cached_property
     def delta_fragment(self) -> bytes:
         """Encoding of a DeltaDiscoveryResponse holding only this resource, with its version."""
         wrapped = discovery_pb2.Resource(name=self.name, version=self.version, resource=self.packed)
-        return discovery_pb2.DeltaDiscoveryResponse(resources=[wrapped]).SerializeToString()
+        return bytes(discovery_pb2.DeltaDiscoveryResponse(resources=[wrapped]).SerializeToString())
+
+
+def _serialize(resource_type: ResourceType, messages: Iterable[Message]) -> Mapping[str, Resource]:
+    """`messages` serialized and keyed by name, in name order; a name used twice is a ValueError."""
+    named: dict[str, Resource] = {}
+    for message in messages:
+        resource = Resource.of(resource_type, message)
+        if resource.name in named:
+            raise ValueError(f"two {resource_type.name} resources are named {resource.name!r}")
+        named[resource.name] = resource
+    return MappingProxyType(dict(sorted(named.items())))
 
 
 @dataclass(frozen=True)
@@ -98,16 +109,7 @@ class Snapshot:
         Raises ValueError for a name used twice within a type and InconsistentSnapshotError
         for a reference to a resource the snapshot does not hold.
         """
-        by_type: dict[ResourceType, Mapping[str, Resource]] = {}
-        for resource_type in ResourceType:
-            named: dict[str, Resource] = {}
-            for message in resources.get(resource_type, ()):
-                resource = Resource.of(resource_type, message)
-                if resource.name in named:
-                    raise ValueError(f"two {resource_type.name} resources are named {resource.name!r}")
-                named[resource.name] = resource
-            by_type[resource_type] = MappingProxyType(dict(sorted(named.items())))
-        return cls.from_resources(by_type)
+        return cls.from_resources({t: _serialize(t, resources.get(t, ())) for t in ResourceType})
 
     @classmethod
     def from_resources(cls, by_type: Mapping[ResourceType, Mapping[str, Resource]]) -> Snapshot:
@@ -116,14 +118,17 @@ class Snapshot:
             t: content_hash(*(f"{n}={r.version}".encode() for n, r in sorted(by_type[t].items())))
             for t in ResourceType
         }
-        snapshot = cls(resources=MappingProxyType(dict(by_type)), versions=MappingProxyType(versions))
+        snapshot = cls(
+            resources=MappingProxyType(dict(by_type)), versions=MappingProxyType(versions)
+        )
         snapshot.check_consistency()
         return snapshot
 
     def replace(self, resource_type: ResourceType, resources: Iterable[Message]) -> Snapshot:
         """This snapshot with every resource of `resource_type` replaced; others are reused."""
-        rebuilt = Snapshot.build({resource_type: resources}).resources[resource_type]
-        return Snapshot.from_resources({**self.resources, resource_type: rebuilt})
+        return Snapshot.from_resources(
+            {**self.resources, resource_type: _serialize(resource_type, resources)}
+        )
 
     def check_consistency(self) -> None:
         """Raise InconsistentSnapshotError if a resource references one this snapshot lacks.

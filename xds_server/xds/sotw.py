@@ -105,7 +105,9 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
             responses.append(self._respond(resource_type, selected, key))
         return responses
 
-    def _respond(self, resource_type: ResourceType, selected: list[Resource], key: _Key) -> Response:
+    def _respond(
+        self, resource_type: ResourceType, selected: list[Resource], key: _Key
+    ) -> Response:
         assert self._snapshot is not None
         nonce = self._next_nonce()
         version = self._snapshot.versions[resource_type]

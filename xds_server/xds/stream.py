@@ -73,7 +73,9 @@ class ProtocolStream(Generic[StateT]):
     Subclasses implement `_flush`, which returns the responses the current state makes due.
     """
 
-    def __init__(self, *, stream_id: int, observer: StreamObserver, states: dict[ResourceType, StateT]) -> None:
+    def __init__(
+        self, *, stream_id: int, observer: StreamObserver, states: dict[ResourceType, StateT]
+    ) -> None:
         self.stream_id = stream_id
         self._observer = observer
         self._snapshot: Snapshot | None = None
@@ -96,7 +98,9 @@ class ProtocolStream(Generic[StateT]):
         self._nonces += 1
         return str(self._nonces)
 
-    def _acknowledge(self, resource_type: ResourceType, error_detail: status_pb2.Status | None) -> None:
+    def _acknowledge(
+        self, resource_type: ResourceType, error_detail: status_pb2.Status | None
+    ) -> None:
         """Settle the outstanding response of `resource_type`: an ACK, or a NACK with its error."""
         state = self._types[resource_type]
         response = state.outstanding

@@ -1,0 +1,1 @@
+"""Benchmarks that keep the project's measured choices checkable (see DESIGN.md)."""

@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+import re
+
+from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+
+from tests.envoy.static_bootstrap import hcm_of
+from xds_server.config import RoutingConfig
+from xds_server.envoy import build_listeners, names
+from xds_server.envoy.listeners import (
+    HCM_FILTER,
+    JSON_CONTENT_TYPES,
+    JSON_TO_METADATA_FILTER,
+    ROUTER_FILTER,
+)
+
+
+def test_one_listener_on_the_configured_address(config: RoutingConfig) -> None:
+    (listener,) = build_listeners(config)
+    assert listener.name == names.LISTENER_NAME
+    assert listener.address.socket_address.address == "127.0.0.1"
+    assert listener.address.socket_address.port_value == 8080
+    assert not listener.address.socket_address.ipv4_compat
+    (chain,) = listener.filter_chains
+    (network_filter,) = chain.filters
+    assert network_filter.name == HCM_FILTER
+
+
+def test_routes_come_from_rds_over_ads(config: RoutingConfig) -> None:
+    hcm = hcm_of(build_listeners(config)[0])
+    assert hcm.WhichOneof("route_specifier") == "rds"
+    assert hcm.rds.route_config_name == names.ROUTE_CONFIG_NAME
+    assert hcm.rds.config_source.HasField("ads")
+    assert hcm.rds.config_source.resource_api_version == 2  # V3
+    assert hcm.codec_type == hcm_pb2.HttpConnectionManager.AUTO
+    assert hcm.stat_prefix == names.HCM_STAT_PREFIX
+    assert hcm.stream_idle_timeout.seconds == 120
+
+
+def test_filters_are_json_to_metadata_then_router(config: RoutingConfig) -> None:
+    hcm = hcm_of(build_listeners(config)[0])
+    assert [f.name for f in hcm.http_filters] == [JSON_TO_METADATA_FILTER, ROUTER_FILTER]
+    assert hcm.http_filters[1].typed_config.Unpack(router_pb2.Router())
+
+
+def test_json_to_metadata_always_writes_a_model(config: RoutingConfig) -> None:
+    hcm = hcm_of(build_listeners(config)[0])
+    jtm = json_to_metadata_pb2.JsonToMetadata()
+    assert hcm.http_filters[0].typed_config.Unpack(jtm)
+    assert not jtm.HasField("response_rules")
+    (rule,) = jtm.request_rules.rules
+    assert [s.key for s in rule.selectors] == [names.MODEL_KEY]
+    for pair in (rule.on_present, rule.on_missing, rule.on_error):
+        assert pair.metadata_namespace == names.METADATA_NAMESPACE
+        assert pair.key == names.MODEL_KEY
+        # PROTOBUF_VALUE keeps the JSON type: a number must not become a model name.
+        assert pair.type == json_to_metadata_pb2.JsonToMetadata.PROTOBUF_VALUE
+    assert not rule.on_present.HasField("value")
+    assert rule.on_missing.value.string_value == names.MODEL_MISSING
+    assert rule.on_error.value.string_value == names.MODEL_INVALID
+    assert jtm.request_rules.allow_empty_content_type
+    assert jtm.request_rules.allow_content_types_regex.regex == JSON_CONTENT_TYPES
+
+
+def test_content_type_regex() -> None:
+    # Envoy matches with RE2 against the whole value; Python's re agrees on these.
+    for accepted in (
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/json;charset=UTF-8",
+        "Application/JSON",
+    ):
+        assert re.fullmatch(JSON_CONTENT_TYPES, accepted), accepted
+    for refused in ("text/plain", "application/jsonl", "multipart/form-data", "json"):
+        assert not re.fullmatch(JSON_CONTENT_TYPES, refused), refused
+
+
+def test_envoy_made_errors_are_json(config: RoutingConfig) -> None:
+    hcm = hcm_of(build_listeners(config)[0])
+    too_large, no_endpoint = hcm.local_reply_config.mappers
+    assert too_large.filter.status_code_filter.comparison.value.default_value == 413
+    error = too_large.body_format_override.json_format["error"]
+    assert error["code"] == "request_too_large"
+    assert "10485760 bytes" in error["message"]
+    assert list(no_endpoint.filter.response_flag_filter.flags) == ["UH"]
+    error = no_endpoint.body_format_override.json_format["error"]
+    assert error["code"] == "no_healthy_upstream"
+    assert error["type"] == "server_error"
+
+
+def test_ipv6_any_address_accepts_ipv4(config: RoutingConfig) -> None:
+    listener_config = config.listener.model_copy(update={"address": "::"})
+    (listener,) = build_listeners(config.model_copy(update={"listener": listener_config}))
+    assert listener.address.socket_address.ipv4_compat
+
+
+def test_building_is_deterministic(config: RoutingConfig) -> None:
+    first = build_listeners(config)[0].SerializeToString(deterministic=True)
+    second = build_listeners(config)[0].SerializeToString(deterministic=True)
+    assert first == second

@@ -1,0 +1,3 @@
+from xds_server.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,148 @@
+"""The running server: config source, controller, ADS gRPC server and admin HTTP, together.
+
+`XdsApplication` is an async context manager so that the CLI, the local demo and the tests
+start and stop exactly the same thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from xds_server.admin import AdminServer, make_admin_app
+from xds_server.controller import Controller
+from xds_server.errors import ConfigError
+from xds_server.sources.config_file import watch_config_file
+from xds_server.telemetry import Telemetry
+from xds_server.xds.cache import SnapshotCache
+from xds_server.xds.nodes import NodeRegistry
+from xds_server.xds.server import AdsServer
+
+__all__ = ["ServerSettings", "XdsApplication"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """Process-level settings (flags), as opposed to the routing config (a file)."""
+
+    config_path: Path
+    xds_host: str = "127.0.0.1"
+    xds_port: int = 18000
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 9000
+    config_poll_s: float = 1.0
+    # gRPC keepalive: notice a dead Envoy (or a dead path to it) within about a minute.
+    keepalive_time_s: float = 30.0
+    keepalive_timeout_s: float = 10.0
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"
+    OPENED = "opened"
+    CLOSED = "closed"
+
+
+class XdsApplication:
+    """The whole server. Use `async with XdsApplication(settings) as app:`; ports are then bound."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.telemetry = Telemetry()
+        self.cache = SnapshotCache()
+        self.registry = NodeRegistry(self.telemetry)
+        self.controller = Controller(cache=self.cache, telemetry=self.telemetry)
+        self._grpc: grpc.aio.Server | None = None
+        self._admin = AdminServer(
+            make_admin_app(
+                telemetry=self.telemetry,
+                registry=self.registry,
+                cache=self.cache,
+                controller=self.controller,
+            ),
+            host=settings.admin_host,
+            port=settings.admin_port,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._state = _State.UNOPENED
+        self.xds_port = 0
+
+    @property
+    def admin_port(self) -> int:
+        return self._admin.port
+
+    async def __aenter__(self) -> XdsApplication:
+        if self._state is not _State.UNOPENED:
+            raise RuntimeError(f"Cannot open an XdsApplication that is {self._state.value}.")
+        self._state = _State.OPENED
+        s = self.settings
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.keepalive_time_ms", int(s.keepalive_time_s * 1000)),
+                ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout_s * 1000)),
+                ("grpc.http2.min_ping_interval_without_data_ms", 5000),
+                ("grpc.max_send_message_length", 256 * 1024 * 1024),
+            ]
+        )
+        self._grpc.add_generic_rpc_handlers(
+            (AdsServer(cache=self.cache, registry=self.registry).generic_handler(),)
+        )
+        self.xds_port = self._grpc.add_insecure_port(f"{s.xds_host}:{s.xds_port}")
+        if self.xds_port == 0:
+            raise OSError(f"Cannot bind the xDS gRPC server to {s.xds_host}:{s.xds_port}.")
+        await self._grpc.start()
+        await self._admin.start()
+        self._tasks = [
+            asyncio.create_task(self.controller.run(), name="controller"),
+            asyncio.create_task(self._follow_config(), name="config-source"),
+        ]
+        logger.info(
+            "xDS server listening on %s:%d (gRPC ADS), admin on http://%s:%d, config %s.",
+            s.xds_host,
+            self.xds_port,
+            s.admin_host,
+            self.admin_port,
+            s.config_path,
+        )
+        return self
+
+    async def _follow_config(self) -> None:
+        async for item in watch_config_file(
+            self.settings.config_path, interval_s=self.settings.config_poll_s
+        ):
+            if isinstance(item, ConfigError):
+                self.controller.reject(item)
+            else:
+                self.controller.submit(item)
+
+    async def wait_ready(self, within_s: float = 10.0) -> None:
+        """Wait until the first snapshot is stored (raises TimeoutError with the config error)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while not self.controller.ready:
+            if loop.time() > deadline:
+                raise TimeoutError(
+                    f"no snapshot after {within_s} s: {self.controller.last_error or 'no config'}"
+                )
+            await asyncio.sleep(0.02)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._state = _State.CLOSED
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        await self._admin.stop()

@@ -1,0 +1,152 @@
+"""The `xds-server` command: run, demo, bootstrap.
+
+xds-server run --config FILE       serve a routing config to Envoys over ADS
+xds-server demo                    the local demo: server, real Envoy, example backends
+xds-server bootstrap ...           print an Envoy bootstrap that points at this server
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+__all__ = ["main"]
+
+logger = logging.getLogger(__name__)
+
+
+class _JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log pipelines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _configure_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+async def _run(args: argparse.Namespace) -> None:
+    from xds_server.app import ServerSettings, XdsApplication
+
+    settings = ServerSettings(
+        config_path=args.config,
+        xds_host=args.xds_address,
+        xds_port=args.xds_port,
+        admin_host=args.admin_address,
+        admin_port=args.admin_port,
+        config_poll_s=args.config_poll,
+    )
+    async with XdsApplication(settings):
+        await _until_signalled()
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    logger.info("Shutting down.")
+
+
+def _bootstrap(args: argparse.Namespace) -> None:
+    from xds_server.envoy.bootstrap import render_bootstrap
+
+    document = render_bootstrap(
+        xds_address=args.xds_address,
+        xds_port=args.xds_port,
+        node_id=args.node_id,
+        node_cluster=args.node_cluster,
+        admin_port=args.admin_port,
+        delta=args.delta,
+    )
+    if args.format == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+
+
+async def _demo(args: argparse.Namespace) -> None:
+    from xds_server.demo import run_demo
+
+    await run_demo(duration_s=args.duration, listener_port=args.port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xds-server", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+    )
+    parser.add_argument("--log-format", default="text", choices=["text", "json"])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="serve a routing config to Envoys over ADS")
+    run.add_argument(
+        "--config", type=Path, required=True, help="routing config (YAML), re-read on change"
+    )
+    run.add_argument("--xds-address", default="127.0.0.1", help="gRPC ADS bind address")
+    run.add_argument("--xds-port", type=int, default=18000)
+    run.add_argument("--admin-address", default="127.0.0.1", help="admin/metrics bind address")
+    run.add_argument("--admin-port", type=int, default=9000)
+    run.add_argument(
+        "--config-poll", type=float, default=1.0, help="seconds between config file checks"
+    )
+
+    demo = commands.add_parser(
+        "demo", help="run the local demo: server, real Envoy and example backends"
+    )
+    demo.add_argument("--port", type=int, default=8080, help="where Envoy accepts requests")
+    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+
+    boot = commands.add_parser(
+        "bootstrap", help="print an Envoy bootstrap that points at this server"
+    )
+    boot.add_argument("--xds-address", default="127.0.0.1")
+    boot.add_argument("--xds-port", type=int, default=18000)
+    boot.add_argument("--node-id", default="envoy-0")
+    boot.add_argument("--node-cluster", default="llm-gateway")
+    boot.add_argument("--admin-port", type=int, default=9901)
+    boot.add_argument("--delta", action="store_true", help="use incremental (Delta) xDS")
+    boot.add_argument("--format", default="yaml", choices=["yaml", "json"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _configure_logging(args.log_level, args.log_format)
+    if args.command == "bootstrap":
+        _bootstrap(args)
+        return 0
+    runner = _run if args.command == "run" else _demo
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(runner(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The bootstrap that points a stock Envoy at this xDS server.
+
+Everything but the connection to the server comes over one ADS stream: clusters (CDS)
+and listeners (LDS) by wildcard, then endpoints (EDS) and routes (RDS) by name. The
+result is a plain dict so the CLI can print it as YAML and tests can hand it to
+EnvoyProcess; envoy/bootstrap.yaml in the repository is this function's output for a
+server on 127.0.0.1:18000, and envoy/README.md explains each field.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from xds_server.envoy import names
+
+__all__ = ["MAX_DOWNSTREAM_CONNECTIONS", "render_bootstrap"]
+
+# A cap on client connections. Envoy warns at start-up without one, and an unbounded
+# number of idle connections is an easy way to exhaust file descriptors.
+MAX_DOWNSTREAM_CONNECTIONS = 50_000
+
+_HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def render_bootstrap(
+    *,
+    xds_address: str,
+    xds_port: int,
+    node_id: str,
+    node_cluster: str,
+    admin_port: int,
+    delta: bool = False,
+) -> dict[str, Any]:
+    """An Envoy v3 bootstrap that takes all of its configuration from the ADS server at
+    `xds_address:xds_port` (an IP address, or a DNS name such as a Kubernetes Service).
+
+    `delta` selects incremental xDS (DELTA_GRPC) instead of state of the world (GRPC).
+    The admin interface listens on 127.0.0.1:`admin_port` only (0 picks a free port).
+    """
+    try:
+        ipaddress.ip_address(xds_address)
+    except ValueError:
+        # A name: resolve it, and again when it changes (a Service's ClusterIP is stable,
+        # a headless Service's pods are not).
+        discovery: dict[str, Any] = {"type": "STRICT_DNS", "dns_lookup_family": "V4_PREFERRED"}
+    else:
+        discovery = {"type": "STATIC"}
+    return {
+        "node": {"id": node_id, "cluster": node_cluster},
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "DELTA_GRPC" if delta else "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": names.XDS_CLUSTER}}],
+            },
+            "cds_config": {"ads": {}, "resource_api_version": "V3"},
+            "lds_config": {"ads": {}, "resource_api_version": "V3"},
+        },
+        "static_resources": {
+            "clusters": [
+                {
+                    "name": names.XDS_CLUSTER,
+                    **discovery,
+                    "connect_timeout": "1s",
+                    # gRPC needs HTTP/2 to the server; keepalive pings notice a dead
+                    # server (or a silently dropped connection) within seconds, so Envoy
+                    # reconnects instead of waiting on a stream that will never answer.
+                    "typed_extension_protocol_options": {
+                        _HTTP_PROTOCOL_OPTIONS: {
+                            "@type": f"type.googleapis.com/{_HTTP_PROTOCOL_OPTIONS}",
+                            "explicit_http_config": {
+                                "http2_protocol_options": {
+                                    "connection_keepalive": {"interval": "30s", "timeout": "5s"}
+                                }
+                            },
+                        }
+                    },
+                    "load_assignment": {
+                        "cluster_name": names.XDS_CLUSTER,
+                        "endpoints": [
+                            {
+                                "lb_endpoints": [
+                                    {
+                                        "endpoint": {
+                                            "address": {
+                                                "socket_address": {
+                                                    "address": xds_address,
+                                                    "port_value": xds_port,
+                                                }
+                                            }
+                                        }
+                                    }
+                                ]
+                            }
+                        ],
+                    },
+                }
+            ]
+        },
+        "admin": {
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
+        },
+        "layered_runtime": {
+            "layers": [
+                # Empty now; a named place for runtime defaults (e.g. circuit breaker
+                # keys), overridden by the admin layer below.
+                {"name": "static", "static_layer": {}},
+                # `POST /runtime_modify` on the admin port changes runtime keys at once,
+                # e.g. circuit_breakers.<cluster>.default.max_requests, without a push.
+                {"name": "admin", "admin_layer": {}},
+            ]
+        },
+        "overload_manager": {
+            "resource_monitors": [
+                {
+                    "name": "envoy.resource_monitors.global_downstream_max_connections",
+                    "typed_config": {
+                        "@type": (
+                            "type.googleapis.com/envoy.extensions.resource_monitors."
+                            "downstream_connections.v3.DownstreamConnectionsConfig"
+                        ),
+                        "max_active_downstream_connections": MAX_DOWNSTREAM_CONNECTIONS,
+                    },
+                }
+            ]
+        },
+    }

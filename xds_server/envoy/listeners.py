@@ -1,0 +1,180 @@
+"""The listener that accepts OpenAI-style traffic.
+
+One listener, one HTTP connection manager (HCM), two HTTP filters:
+
+1. `envoy.filters.http.json_to_metadata` reads the request body's `model` into dynamic
+   metadata `llm:model`, which the routes match (routes.py). It buffers the body, which
+   is why the route config raises the body buffer limit. It clears the route cache only
+   when it writes a key, so `on_missing` and `on_error` always write a sentinel
+   (names.MODEL_MISSING, names.MODEL_INVALID): otherwise a request without `model`
+   would keep the route picked from its headers alone.
+2. `envoy.filters.http.router` forwards; responses are never buffered (no buffer or
+   compressor filter), so server-sent events reach the client chunk by chunk.
+
+Routes come over RDS on the ADS stream, so a route change never touches the listener
+(a listener update drains its connections).
+"""
+
+from __future__ import annotations
+
+from typing import Any as _Any
+
+from envoy.config.accesslog.v3 import accesslog_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+from envoy.type.matcher.v3 import regex_pb2
+from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ignore]
+
+from xds_server.config import RoutingConfig
+from xds_server.envoy import _errors, _protos, names
+
+__all__ = [
+    "HCM_FILTER",
+    "JSON_CONTENT_TYPES",
+    "JSON_TO_METADATA_FILTER",
+    "ROUTER_FILTER",
+    "build_http_connection_manager",
+    "build_listeners",
+]
+
+HCM_FILTER = "envoy.filters.network.http_connection_manager"
+JSON_TO_METADATA_FILTER = "envoy.filters.http.json_to_metadata"
+ROUTER_FILTER = "envoy.filters.http.router"
+
+# RE2, matched against the whole content-type. Without it json_to_metadata accepts only
+# the exact string `application/json` and treats `application/json; charset=utf-8` as an
+# error. Media types are case-insensitive (RFC 9110 8.3.1).
+JSON_CONTENT_TYPES = r"(?i)application/json\s*(;.*)?"
+
+
+def build_listeners(config: RoutingConfig) -> list[_Any]:
+    """The listeners for `config`: exactly one, named names.LISTENER_NAME."""
+    listen = config.listener
+    socket = address_pb2.SocketAddress(
+        address=listen.address,
+        port_value=listen.port,
+        # "::" accepts IPv4 clients too, as "0.0.0.0" users expect.
+        ipv4_compat=listen.address == "::",
+    )
+    hcm = build_http_connection_manager(config)
+    return [
+        listener_pb2.Listener(
+            name=names.LISTENER_NAME,
+            address=address_pb2.Address(socket_address=socket),
+            filter_chains=[
+                listener_components_pb2.FilterChain(
+                    filters=[
+                        listener_components_pb2.Filter(
+                            name=HCM_FILTER, typed_config=_protos.pack(hcm)
+                        )
+                    ]
+                )
+            ],
+        )
+    ]
+
+
+def build_http_connection_manager(config: RoutingConfig) -> _Any:
+    """The HCM of the listener, with routes from RDS over ADS (names.ROUTE_CONFIG_NAME)."""
+    listen = config.listener
+    return hcm_pb2.HttpConnectionManager(
+        stat_prefix=names.HCM_STAT_PREFIX,
+        codec_type=hcm_pb2.HttpConnectionManager.AUTO,
+        rds=hcm_pb2.Rds(
+            config_source=config_source_pb2.ConfigSource(
+                ads=config_source_pb2.AggregatedConfigSource(),
+                resource_api_version=config_source_pb2.V3,
+            ),
+            route_config_name=names.ROUTE_CONFIG_NAME,
+        ),
+        # The request-wide timeout is per route (routes.py); this one only resets streams
+        # that go quiet in both directions, so a long generation that streams survives.
+        stream_idle_timeout=_protos.duration(listen.stream_idle_timeout_s),
+        http_filters=[
+            hcm_pb2.HttpFilter(
+                name=JSON_TO_METADATA_FILTER, typed_config=_protos.pack(_json_to_metadata())
+            ),
+            hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_protos.pack(router_pb2.Router())),
+        ],
+        local_reply_config=_local_replies(config),
+    )
+
+
+def _json_to_metadata() -> _Any:
+    jtm = json_to_metadata_pb2.JsonToMetadata
+
+    def write(value: str | None) -> _Any:
+        # PROTOBUF_VALUE (the default type) keeps the JSON type of `model`, so a number or
+        # a boolean is not silently turned into a string that could name a model.
+        pair = jtm.KeyValuePair(metadata_namespace=names.METADATA_NAMESPACE, key=names.MODEL_KEY)
+        if value is not None:
+            pair.value.CopyFrom(struct_pb2.Value(string_value=value))
+        return pair
+
+    return jtm(
+        request_rules=jtm.MatchRules(
+            rules=[
+                jtm.Rule(
+                    selectors=[jtm.Selector(key=names.MODEL_KEY)],
+                    on_present=write(None),
+                    on_missing=write(names.MODEL_MISSING),
+                    on_error=write(names.MODEL_INVALID),
+                )
+            ],
+            allow_content_types_regex=regex_pb2.RegexMatcher(regex=JSON_CONTENT_TYPES),
+            # A request without a body (GET /v1/models) usually has no content-type: let
+            # it count as "no model" so the model header can still route it.
+            allow_empty_content_type=True,
+        )
+    )
+
+
+def _local_replies(config: RoutingConfig) -> _Any:
+    # Replies Envoy makes itself are plain text by default; give clients the JSON error
+    # shape of the routes' refusals for the two that this config makes likely. (The
+    # routes' own direct responses match neither filter and keep their bodies.)
+    too_large = _errors.error_format(
+        message=(
+            f"The request body is larger than the gateway's limit of "
+            f"{config.listener.max_request_bytes} bytes."
+        ),
+        code="request_too_large",
+        param=None,
+    )
+    no_endpoint = _errors.error_format(
+        message="No healthy endpoint is available for the requested model; retry later.",
+        code="no_healthy_upstream",
+        param=None,
+        error_type="server_error",
+    )
+    return hcm_pb2.LocalReplyConfig(
+        mappers=[
+            # The body is over the route's buffer limit (json_to_metadata buffers it).
+            hcm_pb2.ResponseMapper(filter=_status_filter(413), body_format_override=too_large),
+            # The pool has no endpoint, or none healthy (response flag UH).
+            hcm_pb2.ResponseMapper(
+                filter=accesslog_pb2.AccessLogFilter(
+                    response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=["UH"])
+                ),
+                body_format_override=no_endpoint,
+            ),
+        ]
+    )
+
+
+def _status_filter(status: int) -> _Any:
+    return accesslog_pb2.AccessLogFilter(
+        status_code_filter=accesslog_pb2.StatusCodeFilter(
+            comparison=accesslog_pb2.ComparisonFilter(
+                op=accesslog_pb2.ComparisonFilter.EQ,
+                value=base_pb2.RuntimeUInt32(
+                    default_value=status, runtime_key=f"llm.local_reply.status_{status}"
+                ),
+            )
+        )
+    )

@@ -1,0 +1,224 @@
+"""The route table: model name to pool, and OpenAI-style refusals for everything else.
+
+json_to_metadata (listeners.py) leaves the body's `model` in dynamic metadata
+`llm:model`: the JSON value itself, names.MODEL_MISSING when the body has no `model` (or
+there is no body), or names.MODEL_INVALID when the body is not JSON. Routes, first match
+wins:
+
+1. per model M: `llm:model == M` → M's pool (the body names the model);
+2. per model M: `llm:model == MODEL_MISSING` and header `model_header == M` → M's pool
+   (the header is used only when the body has no `model`: the body wins);
+3. `MODEL_MISSING` with the header set → 404 naming the header's model;
+4. `MODEL_MISSING` → 400 (no model given);
+5. `MODEL_INVALID` → 400 (body not JSON, or not a JSON content-type);
+6. any other string → 404 naming the model;
+7. any other value (number, boolean) → 400 (`model` must be a string);
+8. no metadata at all → the never-existing cluster names.UNROUTED_CLUSTER.
+
+Route 8 is not an error path. The connection manager picks a route from the headers
+alone, before json_to_metadata has read the body, and the body buffer limit of the
+stream comes from *that* route's entry: a direct_response route has none, so Envoy kept
+its 1 MiB default and answered 413 to larger prompts even with the virtual host's limit
+raised. A forwarding route as the headers-only match carries the virtual host's
+`request_body_buffer_limit`; json_to_metadata then always writes a key, clears the route
+cache, and one of routes 1-7 is chosen. Should it ever not (a bug), the request gets
+Envoy's 500 for a missing cluster instead of reaching a wrong pool.
+
+Every route to a pool sets names.ROUTED_MODEL_HEADER to the model it was routed by.
+"""
+
+from __future__ import annotations
+
+from typing import Any as _Any
+
+from envoy.config.core.v3 import base_pb2
+from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
+from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
+
+from xds_server.config import PoolConfig, RoutingConfig
+from xds_server.envoy import _errors, _protos, names
+
+__all__ = ["MAX_ECHOED_MODEL_CHARS", "build_routes"]
+
+# Error messages echo the requested model, truncated to this many characters so a huge
+# `model` value does not come back in full (the formatter's `:N` suffix).
+MAX_ECHOED_MODEL_CHARS = 256
+
+
+def build_routes(config: RoutingConfig) -> list[_Any]:
+    """The route configurations for `config`: exactly one, named names.ROUTE_CONFIG_NAME.
+
+    Raises ValueError when a pool serves a model named like a sentinel (names.SENTINELS),
+    which the routes could not tell apart from a request without a model.
+    """
+    clashes = sorted(m for p in config.pools for m in p.models if m in names.SENTINELS)
+    if clashes:
+        raise ValueError(f"model names reserved by the gateway: {', '.join(clashes)}")
+    header = config.listener.model_header
+    routes: list[_Any] = []
+    for pool in config.pools:
+        for model in pool.models:
+            routes.append(
+                _to_pool(
+                    config,
+                    pool,
+                    model,
+                    name=f"model/{model}",
+                    match=_match(metadata=_string(exact=model)),
+                )
+            )
+    for pool in config.pools:
+        for model in pool.models:
+            routes.append(
+                _to_pool(
+                    config,
+                    pool,
+                    model,
+                    name=f"header/{model}",
+                    match=_match(
+                        metadata=_string(exact=names.MODEL_MISSING),
+                        headers=[
+                            rc_pb2.HeaderMatcher(
+                                name=header, string_match=string_pb2.StringMatcher(exact=model)
+                            )
+                        ],
+                    ),
+                )
+            )
+    routes.extend(_refusals(header))
+    routes.append(
+        rc_pb2.Route(
+            name="unrouted",
+            match=_match(),
+            route=rc_pb2.RouteAction(
+                cluster=names.UNROUTED_CLUSTER,
+                cluster_not_found_response_code=rc_pb2.RouteAction.INTERNAL_SERVER_ERROR,
+            ),
+        )
+    )
+    virtual_host = rc_pb2.VirtualHost(
+        name=names.VIRTUAL_HOST_NAME,
+        domains=["*"],
+        routes=routes,
+        # Replaces the deprecated per_request_buffer_limit_bytes (both work on 1.40).
+        request_body_buffer_limit=wrappers_pb2.UInt64Value(value=config.listener.max_request_bytes),
+    )
+    return [
+        route_pb2.RouteConfiguration(
+            name=names.ROUTE_CONFIG_NAME,
+            virtual_hosts=[virtual_host],
+            # Routes may name a pool's cluster before CDS has it, and the unrouted cluster
+            # never exists (RDS defaults to false already; inline configs to true).
+            validate_clusters=wrappers_pb2.BoolValue(value=False),
+        )
+    ]
+
+
+def _to_pool(
+    config: RoutingConfig, pool: PoolConfig, model: str, *, name: str, match: _Any
+) -> _Any:
+    return rc_pb2.Route(
+        name=name,
+        match=match,
+        route=rc_pb2.RouteAction(
+            cluster=names.cluster_name(pool.name),
+            # Always set: unset means Envoy's 15 s default, which would cut long
+            # generations; 0 disables the timeout.
+            timeout=_protos.duration(config.listener.request_timeout_s),
+        ),
+        request_headers_to_add=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(
+                    key=names.ROUTED_MODEL_HEADER,
+                    # Header values are format strings: a literal % is written %%.
+                    value=model.replace("%", "%%"),
+                ),
+                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+        ],
+    )
+
+
+def _refusals(header: str) -> list[_Any]:
+    echoed_header = f"%REQ({header}):{MAX_ECHOED_MODEL_CHARS}%"
+    echoed_body = (
+        f"%DYNAMIC_METADATA({names.METADATA_NAMESPACE}:{names.MODEL_KEY}):{MAX_ECHOED_MODEL_CHARS}%"
+    )
+    return [
+        _refusal(
+            name="error/unknown_header_model",
+            match=_match(
+                metadata=_string(exact=names.MODEL_MISSING),
+                headers=[rc_pb2.HeaderMatcher(name=header, present_match=True)],
+            ),
+            status=404,
+            message=f"The model `{echoed_header}` does not exist.",
+            code="model_not_found",
+        ),
+        _refusal(
+            name="error/missing_model",
+            match=_match(metadata=_string(exact=names.MODEL_MISSING)),
+            status=400,
+            message=(
+                f"You must provide a model parameter: `model` in the JSON body, "
+                f"or the {header} header."
+            ),
+            code="missing_model",
+        ),
+        _refusal(
+            name="error/invalid_body",
+            match=_match(metadata=_string(exact=names.MODEL_INVALID)),
+            status=400,
+            message="The request body is not valid JSON, or its content-type is not JSON.",
+            code="invalid_json",
+        ),
+        _refusal(
+            name="error/unknown_model",
+            match=_match(metadata=_string(regex=r"(?s).*")),
+            status=404,
+            message=f"The model `{echoed_body}` does not exist.",
+            code="model_not_found",
+        ),
+        _refusal(
+            name="error/model_not_string",
+            match=_match(metadata=value_pb2.ValueMatcher(present_match=True)),
+            status=400,
+            message="`model` must be a string.",
+            code="invalid_type",
+        ),
+    ]
+
+
+def _refusal(*, name: str, match: _Any, status: int, message: str, code: str) -> _Any:
+    return rc_pb2.Route(
+        name=name,
+        match=match,
+        direct_response=rc_pb2.DirectResponseAction(
+            status=status, body_format=_errors.error_format(message=message, code=code)
+        ),
+    )
+
+
+def _match(*, metadata: _Any | None = None, headers: list[_Any] | None = None) -> _Any:
+    """Any path; `metadata` is a ValueMatcher applied to `llm:model`."""
+    match = rc_pb2.RouteMatch(prefix="/", headers=headers or [])
+    if metadata is not None:
+        match.dynamic_metadata.append(
+            metadata_pb2.MetadataMatcher(
+                filter=names.METADATA_NAMESPACE,
+                path=[metadata_pb2.MetadataMatcher.PathSegment(key=names.MODEL_KEY)],
+                value=metadata,
+            )
+        )
+    return match
+
+
+def _string(*, exact: str | None = None, regex: str | None = None) -> _Any:
+    """A ValueMatcher for a string value, equal to `exact` or fully matching `regex`."""
+    if regex is not None:
+        matcher = string_pb2.StringMatcher(safe_regex=regex_pb2.RegexMatcher(regex=regex))
+    else:
+        matcher = string_pb2.StringMatcher(exact=exact)
+    return value_pb2.ValueMatcher(string_match=matcher)

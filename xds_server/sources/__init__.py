@@ -1,0 +1,1 @@
+"""Where inputs come from: the routing config (file; later ConfigMap) and, later, pods."""
