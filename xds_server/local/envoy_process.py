@@ -257,9 +257,10 @@ class EnvoyProcess:
 
     async def admin_get(self, path: str, **params: str) -> str:
         """GET `path` on the admin interface and return the body; raise on non-2xx."""
+        http = self._http
         await self._check_running("Envoy is not running.")
         try:
-            async with self._http.get(f"{self.admin_url}{path}", params=params) as response:
+            async with http.get(f"{self.admin_url}{path}", params=params) as response:
                 body = await response.text()
                 if response.status >= 300:
                     raise EnvoyError(f"Envoy admin {path} answered {response.status}: {body}")
@@ -301,9 +302,10 @@ class EnvoyProcess:
 
     async def is_live(self) -> bool:
         """True once Envoy has initialized (admin `/ready` says LIVE)."""
+        http = self._http
         await self._check_running("Envoy is not running.")
         try:
-            async with self._http.get(f"{self.admin_url}/ready") as response:
+            async with http.get(f"{self.admin_url}/ready") as response:
                 return response.status == 200 and (await response.text()).strip() == "LIVE"
         except aiohttp.ClientError:
             return False

@@ -1,0 +1,130 @@
+"""End-to-end fixtures: example backends, a routing config file, the server and a real Envoy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from xds_server.local.backends import BACKEND_ID_HEADER, ExampleBackend
+from xds_server.local.gateway import LocalGateway, run_local_gateway
+
+
+class ConfigFile:
+    """The routing config file the server follows; tests rewrite it to change routing."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(
+        self,
+        pools: Mapping[str, tuple[Iterable[str], Iterable[tuple[ExampleBackend, int]]]],
+        *,
+        listener_port: int = 0,
+        debounce_s: float = 0.02,
+    ) -> None:
+        document = {
+            "listener": {"address": "127.0.0.1", "port": listener_port},
+            "updates": {"debounce_s": debounce_s, "max_delay_s": 0.2},
+            "pools": [
+                {
+                    "name": name,
+                    "models": list(models),
+                    "endpoints": [
+                        {"address": b.host, "port": b.port, "weight": w} for b, w in endpoints
+                    ],
+                }
+                for name, (models, endpoints) in pools.items()
+            ],
+        }
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(document))
+        tmp.replace(self.path)
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[Callable[..., Any]]:
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(backend_id: str, **kwargs: Any) -> ExampleBackend:
+            return await stack.enter_async_context(ExampleBackend(backend_id=backend_id, **kwargs))
+
+        yield start
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> ConfigFile:
+    return ConfigFile(tmp_path / "config.yaml")
+
+
+@pytest.fixture
+async def gateway_factory(config_file: ConfigFile) -> AsyncIterator[Callable[..., Any]]:
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(*, delta: bool = False) -> LocalGateway:
+            return await stack.enter_async_context(
+                run_local_gateway(config_file.path, delta=delta, config_poll_s=0.05)
+            )
+
+        yield start
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+async def chat(
+    http: aiohttp.ClientSession, url: str, model: str | None, **extra: Any
+) -> tuple[int, str | None, Any]:
+    """POST a chat completion; returns (status, backend id, parsed JSON body)."""
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    if model is not None:
+        body["model"] = model
+    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+        return (
+            response.status,
+            response.headers.get(BACKEND_ID_HEADER),
+            await response.json(content_type=None),
+        )
+
+
+async def served_by(
+    http: aiohttp.ClientSession, url: str, model: str, count: int
+) -> dict[str, int]:
+    """Send `count` requests (10 at a time) and count which backend answered each."""
+    tally: dict[str, int] = {}
+    semaphore = asyncio.Semaphore(10)
+
+    async def one() -> None:
+        async with semaphore:
+            status, backend, _ = await chat(http, url, model)
+            key = backend if status == 200 else f"HTTP {status}"
+            tally[key or "?"] = tally.get(key or "?", 0) + 1
+
+    await asyncio.gather(*(one() for _ in range(count)))
+    return tally
+
+
+async def eventually(
+    predicate: Callable[[], Any], *, within_s: float = 10.0, what: str = "condition"
+) -> Any:
+    """Poll `predicate` (sync or async) until truthy; fail the test after `within_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
