@@ -88,6 +88,7 @@ class Controller:
         self._dirty_since: float | None = None
         self._last_change = 0.0
         self._wake = asyncio.Event()
+        self._settled = asyncio.Event()
         self.last_error: str | None = None
         self.snapshot: Snapshot | None = None
 
@@ -113,6 +114,7 @@ class Controller:
         self._last_change = now
         if self._dirty_since is None:
             self._dirty_since = now
+        self._settled.clear()
         self._wake.set()
 
     def reject(self, error: ConfigError) -> None:
@@ -121,6 +123,11 @@ class Controller:
         self._telemetry.config_reloads.labels("error").inc()
         self._telemetry.config_last_reload_ok.set(0)
         self.last_error = str(error)
+
+    async def settled(self) -> Snapshot | None:
+        """Wait until no accepted change is pending; returns the snapshot then in force."""
+        await self._settled.wait()
+        return self.snapshot
 
     async def run(self) -> None:
         """Apply changes until cancelled."""
@@ -146,6 +153,7 @@ class Controller:
         config = self._config
         assert config is not None
         self._dirty_since = None
+        self._settled.set()
         started = time.perf_counter()
         try:
             snapshot = self._builder.build(config)

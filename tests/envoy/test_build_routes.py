@@ -162,3 +162,9 @@ def test_a_model_named_like_a_sentinel_is_refused(config: RoutingConfig, sentine
     pool = config.pools[0].model_copy(update={"models": (*config.pools[0].models, sentinel)})
     with pytest.raises(ValueError, match="reserved"):
         build_routes(config.model_copy(update={"pools": (pool, *config.pools[1:])}))
+
+
+def test_a_model_name_that_cannot_be_a_header_value_is_refused(config: RoutingConfig) -> None:
+    pool = config.pools[0].model_copy(update={"models": ("bad\nname",)})
+    with pytest.raises(ValueError, match="CR, LF or NUL"):
+        build_routes(config.model_copy(update={"pools": (pool, *config.pools[1:])}))

@@ -46,47 +46,53 @@ __all__ = ["MAX_ECHOED_MODEL_CHARS", "build_routes"]
 # `model` value does not come back in full (the formatter's `:N` suffix).
 MAX_ECHOED_MODEL_CHARS = 256
 
+# Envoy refuses these in header values (HTTP_HEADER_VALUE), and routed requests carry the
+# model name in names.ROUTED_MODEL_HEADER.
+_HEADER_UNSAFE = frozenset("\r\n\0")
+
 
 def build_routes(config: RoutingConfig) -> list[_Any]:
     """The route configurations for `config`: exactly one, named names.ROUTE_CONFIG_NAME.
 
     Raises ValueError when a pool serves a model named like a sentinel (names.SENTINELS),
-    which the routes could not tell apart from a request without a model.
+    which the routes could not tell apart from a request without a model, or a model
+    whose name cannot be a header value (Envoy would reject the whole route config).
     """
-    clashes = sorted(m for p in config.pools for m in p.models if m in names.SENTINELS)
-    if clashes:
-        raise ValueError(f"model names reserved by the gateway: {', '.join(clashes)}")
+    served = [(pool, model) for pool in config.pools for model in pool.models]
+    reserved = sorted(m for _, m in served if m in names.SENTINELS)
+    if reserved:
+        raise ValueError(f"model names reserved by the gateway: {', '.join(reserved)}")
+    unsendable = sorted(repr(m) for _, m in served if _HEADER_UNSAFE.intersection(m))
+    if unsendable:
+        raise ValueError(f"model names with CR, LF or NUL: {', '.join(unsendable)}")
     header = config.listener.model_header
-    routes: list[_Any] = []
-    for pool in config.pools:
-        for model in pool.models:
-            routes.append(
-                _to_pool(
-                    config,
-                    pool,
-                    model,
-                    name=f"model/{model}",
-                    match=_match(metadata=_string(exact=model)),
-                )
-            )
-    for pool in config.pools:
-        for model in pool.models:
-            routes.append(
-                _to_pool(
-                    config,
-                    pool,
-                    model,
-                    name=f"header/{model}",
-                    match=_match(
-                        metadata=_string(exact=names.MODEL_MISSING),
-                        headers=[
-                            rc_pb2.HeaderMatcher(
-                                name=header, string_match=string_pb2.StringMatcher(exact=model)
-                            )
-                        ],
-                    ),
-                )
-            )
+    routes = [
+        _to_pool(
+            config,
+            pool,
+            model,
+            name=f"model/{model}",
+            match=_match(metadata=_string(exact=model)),
+        )
+        for pool, model in served
+    ]
+    routes += [
+        _to_pool(
+            config,
+            pool,
+            model,
+            name=f"header/{model}",
+            match=_match(
+                metadata=_string(exact=names.MODEL_MISSING),
+                headers=[
+                    rc_pb2.HeaderMatcher(
+                        name=header, string_match=string_pb2.StringMatcher(exact=model)
+                    )
+                ],
+            ),
+        )
+        for pool, model in served
+    ]
     routes.extend(_refusals(header))
     routes.append(
         rc_pb2.Route(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 import importlib
 import inspect
@@ -73,9 +74,10 @@ class EnvoyProcess:
     """An Envoy started from `bootstrap` (a dict as Envoy's bootstrap YAML/JSON has it).
 
     Use as `async with EnvoyProcess(bootstrap) as envoy:`. The bootstrap's `admin` is
-    replaced by 127.0.0.1 port 0 (read back into `admin_url`); the caller's dict is not
-    changed. Entering returns once the admin interface answers, which is before Envoy has
-    its dynamic configuration: use `wait_live()` or `wait_for()` for that.
+    replaced by 127.0.0.1:`admin_port` (0, the default, picks a free port; the bound
+    address is read back into `admin_url`); the caller's dict is not changed. Entering
+    returns once the admin interface answers, which is before Envoy has its dynamic
+    configuration: use `wait_live()` or `wait_for()` for that.
 
     Mutable state: `state`, `_process`, `_session`, `_stderr` (filled by `_stderr_task`),
     `_workdir` and `_admin_url`; all set in `__aenter__` and released in `__aexit__`.
@@ -89,10 +91,12 @@ class EnvoyProcess:
         log_level: str = "warn",
         envoy_path: str | None = None,
         extra_args: Sequence[str] = (),
+        admin_port: int = 0,
         start_timeout: float = 20.0,
         stop_timeout: float = 5.0,
     ) -> None:
         self._bootstrap = dict(bootstrap)
+        self._admin_port = admin_port
         self._concurrency = concurrency
         self._log_level = log_level
         self._envoy_path = envoy_path
@@ -136,7 +140,7 @@ class EnvoyProcess:
         envoy_path = self._envoy_path or find_envoy()
         bootstrap = dict(self._bootstrap)
         bootstrap["admin"] = {
-            "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": self._admin_port}}
         }
         self._workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="envoy-"))
         config_path = self._workdir / "bootstrap.json"
@@ -177,13 +181,20 @@ class EnvoyProcess:
         self.state = EnvoyState.CLOSED
         process = self._process
         if process is not None and process.returncode is None:
-            process.terminate()
+            with contextlib.suppress(ProcessLookupError):  # it may have just exited
+                process.terminate()
             try:
                 await asyncio.wait_for(process.wait(), self._stop_timeout)
             except TimeoutError:
                 logger.warning("Envoy pid %d ignored SIGTERM; killing it.", process.pid)
-                process.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
                 await process.wait()
+            except asyncio.CancelledError:
+                # Never leave the process behind, even when the caller is cancelled.
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                raise
             logger.info("Stopped Envoy pid %d (exit %s).", process.pid, process.returncode)
         if self._stderr_task is not None:
             try:

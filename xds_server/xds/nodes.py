@@ -7,9 +7,11 @@ re-sent, so the Envoy keeps serving its last good config until the next change.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from envoy.config.core.v3 import base_pb2
@@ -68,9 +70,12 @@ class StreamRecord:
 class _RecordingObserver:
     """The StreamObserver of one stream: updates its record, the metrics and the log."""
 
-    def __init__(self, record: StreamRecord, telemetry: Telemetry) -> None:
+    def __init__(
+        self, record: StreamRecord, telemetry: Telemetry, on_ack: Callable[[], None]
+    ) -> None:
         self._record = record
         self._telemetry = telemetry
+        self._notify_ack = on_ack
 
     def on_node(self, node: base_pb2.Node) -> None:
         self._record.node_id, self._record.node_cluster = node.id, node.cluster
@@ -100,6 +105,7 @@ class _RecordingObserver:
             self._telemetry.push_duration.labels(t).observe(
                 time.monotonic() - response.snapshot_born
             )
+        self._notify_ack()
 
     def on_nack(self, response: Response, error: str) -> None:
         t = response.type.short
@@ -142,12 +148,33 @@ _: type[StreamObserver] = _RecordingObserver
 
 
 class NodeRegistry:
-    """Every open stream's record. Mutable state: `_streams` (stream id -> record)."""
+    """Every open stream's record.
+
+    Mutable state: `_streams` (stream id -> record) and `_ack_waiters`, futures woken on
+    every ACK so that callers can wait for a version to be accepted without polling.
+    """
 
     def __init__(self, telemetry: Telemetry) -> None:
         self._telemetry = telemetry
         self._streams: dict[int, StreamRecord] = {}
         self._ids = itertools.count(1)
+        self._ack_waiters: set[asyncio.Future[None]] = set()
+
+    def _acked(self) -> None:
+        for waiter in self._ack_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._ack_waiters.clear()
+
+    async def wait_for_ack(self, type_name: str, version: str) -> StreamRecord:
+        """Wait until some connected node has ACKed `version` of `type_name` (cds, eds, ...)."""
+        while True:
+            for record in self._streams.values():
+                if record.acked.get(type_name) == version:
+                    return record
+            waiter = asyncio.get_running_loop().create_future()
+            self._ack_waiters.add(waiter)
+            await waiter
 
     def open(self, *, protocol: str, peer: str) -> tuple[StreamRecord, StreamObserver]:
         record = StreamRecord(
@@ -155,7 +182,7 @@ class NodeRegistry:
         )
         self._streams[record.stream_id] = record
         self._telemetry.connected_streams.labels(protocol).inc()
-        return record, _RecordingObserver(record, self._telemetry)
+        return record, _RecordingObserver(record, self._telemetry, self._acked)
 
     def close(self, record: StreamRecord) -> None:
         if self._streams.pop(record.stream_id, None) is not None:
