@@ -1,0 +1,84 @@
+"""The admin endpoint of a running server, over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.xds.conftest import RawClient
+from xds_server.app import ServerSettings, XdsApplication
+from xds_server.xds.resources import ResourceType
+
+CONFIG = """
+listener: {address: 127.0.0.1, port: 0}
+updates: {debounce_s: 0.01}
+pools: [{name: pool, models: [m], endpoints: [{address: 127.0.0.1, port: 9}]}]
+"""
+
+
+async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("pools: []")  # invalid: not ready, and it says why
+    settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=0.05)
+    async with XdsApplication(settings) as app, aiohttp.ClientSession() as http:
+        base = f"http://127.0.0.1:{app.admin_port}"
+
+        async def get(path: str) -> tuple[int, object]:
+            async with http.get(base + path) as response:
+                return response.status, await response.json()
+
+        assert await get("/healthz") == (200, {"status": "ok"})
+        await asyncio.sleep(0.2)
+        status, body = await get("/readyz")
+        assert status == 503 and "pools" in body["reason"]  # type: ignore[index]
+        status, body = await get("/debug/config")
+        assert body["config"] is None and "pools" in body["last_error"]  # type: ignore[index]
+
+        path.write_text(CONFIG)
+        await app.wait_ready(within_s=5)
+        assert (await get("/readyz"))[0] == 200
+
+        client = RawClient(f"127.0.0.1:{app.xds_port}", node_id="envoy-7")
+        await client.send(ResourceType.CLUSTER.url)
+        cds = await client.recv()
+        await client.send(
+            ResourceType.CLUSTER.url, version_info=cds.version_info, response_nonce=cds.nonce
+        )
+        await app.registry.wait_for_ack("cds", cds.version_info)
+
+        status, body = await get("/debug/nodes")
+        [stream] = body["streams"]  # type: ignore[index]
+        assert stream["node_id"] == "envoy-7" and stream["acked_versions"] == {
+            "cds": cds.version_info
+        }
+        status, body = await get("/debug/snapshot")
+        groups = body["groups"]  # type: ignore[index]
+        assert groups["(default)"]["cds"]["version"] == cds.version_info
+        assert list(groups["(default)"]["cds"]["resources"]) == ["pool"]
+
+        async with http.get(base + "/metrics") as response:
+            assert response.status == 200
+            text = await response.text()
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+        assert samples[("xds_connected_streams", (("protocol", "sotw"),))] == 1
+        assert samples[("xds_responses_total", (("type", "cds"),))] == 1
+        assert samples[("xds_push_duration_seconds_count", (("type", "cds"),))] == 1
+        assert samples[("xds_config_reloads_total", (("result", "error"),))] >= 1
+        assert samples[("xds_config_reloads_total", (("result", "ok"),))] == 1
+        version_series = [
+            k for k in samples if k[0] == "xds_snapshot_version_info" and ("type", "cds") in k[1]
+        ]
+        assert version_series == [
+            (
+                "xds_snapshot_version_info",
+                (("group", ""), ("type", "cds"), ("version", cds.version_info)),
+            )
+        ]
+        await client.close()
