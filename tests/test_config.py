@@ -61,6 +61,8 @@ def test_good_config_with_defaults() -> None:
             "weight",
         ),
         ("- just a list", "expected a mapping at the top level"),
+        ("pools: [{name: a, models: ['<missing>']}]", "'<missing>' is reserved"),
+        ('pools: [{name: a, models: ["m\\n"]}]', "has control characters"),
         ("pools: [", "not valid YAML"),
     ],
 )

@@ -64,10 +64,15 @@ class PoolConfig(_Strict):
 
     @field_validator("models")
     @classmethod
-    def _unique_models(cls, models: tuple[str, ...]) -> tuple[str, ...]:
+    def _valid_models(cls, models: tuple[str, ...]) -> tuple[str, ...]:
         duplicates = sorted({m for m in models if models.count(m) > 1})
         if duplicates:
             raise ValueError(f"models listed twice: {', '.join(duplicates)}")
+        for model in models:
+            # Names in angle brackets are the gateway's own markers for "no model" and
+            # "not JSON" (envoy/names.py); control characters cannot go into a header.
+            if model.startswith("<") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in model):
+                raise ValueError(f"model name {model!r} is reserved or has control characters")
         return models
 
     @field_validator("endpoints")

@@ -157,7 +157,7 @@ class Controller:
         started = time.perf_counter()
         try:
             snapshot = self._builder.build(config)
-        except XdsServerError as exc:
+        except (XdsServerError, ValueError) as exc:
             logger.error(
                 "Could not build a snapshot from the routing config: %s. Keeping the last one.", exc
             )

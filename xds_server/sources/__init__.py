@@ -1,1 +1,5 @@
 """Where inputs come from: the routing config (file; later ConfigMap) and, later, pods."""
+
+from xds_server.sources.config_file import watch_config_file
+
+__all__ = ["watch_config_file"]

@@ -7,8 +7,8 @@ from xds_server.xds.server import AdsServer
 from xds_server.xds.snapshot import Snapshot
 
 __all__ = [
-    "DEFAULT_GROUP",
     "AdsServer",
+    "DEFAULT_GROUP",
     "NodeRegistry",
     "ResourceType",
     "Snapshot",

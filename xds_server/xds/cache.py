@@ -18,7 +18,7 @@ from envoy.config.core.v3 import base_pb2
 
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["DEFAULT_GROUP", "CacheEntry", "NodeHash", "SnapshotCache", "by_node_cluster"]
+__all__ = ["CacheEntry", "DEFAULT_GROUP", "NodeHash", "SnapshotCache", "by_node_cluster"]
 
 logger = logging.getLogger(__name__)
 
