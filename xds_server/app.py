@@ -17,7 +17,7 @@ import grpc
 
 from xds_server.admin import AdminServer, make_admin_app
 from xds_server.controller import Controller
-from xds_server.errors import ConfigError
+from xds_server.errors import ConfigError, XdsServerError
 from xds_server.sources.config_file import watch_config_file
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
@@ -94,11 +94,16 @@ class XdsApplication:
         self._grpc.add_generic_rpc_handlers(
             (AdsServer(cache=self.cache, registry=self.registry).generic_handler(),)
         )
-        self.xds_port = self._grpc.add_insecure_port(f"{s.xds_host}:{s.xds_port}")
-        if self.xds_port == 0:
-            raise OSError(f"Cannot bind the xDS gRPC server to {s.xds_host}:{s.xds_port}.")
+        try:
+            self.xds_port = self._grpc.add_insecure_port(f"{s.xds_host}:{s.xds_port}")
+        except RuntimeError as exc:
+            raise OSError(f"Cannot bind the xDS gRPC server to {s.xds_host}:{s.xds_port}.") from exc
         await self._grpc.start()
-        await self._admin.start()
+        try:
+            await self._admin.start()
+        except OSError as exc:
+            await self._grpc.stop(grace=None)
+            raise OSError(f"Cannot start the admin server: {exc.strerror}.") from exc
         self._tasks = [
             asyncio.create_task(self.controller.run(), name="controller"),
             asyncio.create_task(self._follow_config(), name="config-source"),
@@ -112,6 +117,16 @@ class XdsApplication:
             s.config_path,
         )
         return self
+
+    async def serve_forever(self) -> None:
+        """Run until cancelled. Raises XdsServerError, with the cause chained, if a task dies."""
+        done, _ = await asyncio.wait(self._tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((t for t in done if not t.cancelled() and t.exception() is not None), None)
+        if failed is not None:
+            raise XdsServerError(
+                f"The {failed.get_name()} task failed: {failed.exception()!r}."
+            ) from (failed.exception())
+        raise XdsServerError("A background task stopped although nothing asked it to.")
 
     async def _follow_config(self) -> None:
         async for item in watch_config_file(

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from xds_server.errors import XdsServerError
+
 __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
@@ -61,8 +63,16 @@ async def _run(args: argparse.Namespace) -> None:
         admin_port=args.admin_port,
         config_poll_s=args.config_poll,
     )
-    async with XdsApplication(settings):
-        await _until_signalled()
+    async with XdsApplication(settings) as app:
+        signalled = asyncio.create_task(_until_signalled())
+        serving = asyncio.create_task(app.serve_forever())
+        done, pending = await asyncio.wait(
+            {signalled, serving}, return_when=asyncio.FIRST_COMPLETED
+        )
+        for task in pending:
+            task.cancel()
+        if serving in done:
+            serving.result()  # a failed background task: exit non-zero with its cause
 
 
 async def _until_signalled() -> None:
@@ -143,8 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _bootstrap(args)
         return 0
     runner = _run if args.command == "run" else _demo
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(runner(args))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(runner(args))
+    except (XdsServerError, OSError) as exc:
+        logger.critical("%s Exiting.", exc, exc_info=isinstance(exc, XdsServerError))
+        return 1
     return 0
 
 

@@ -123,13 +123,27 @@ async def test_weight_change_shifts_split_without_failing_inflight(  # type: ign
         async with http.post(f"{gateway.url}/v1/chat/completions", json=body) as response:
             return response.status, await response.read()
 
+    def responses() -> dict[str, float]:
+        registry = gateway.app.telemetry.registry
+        return {
+            t: registry.get_sample_value("xds_responses_total", {"type": t}) or 0
+            for t in ("cds", "eds", "lds", "rds")
+        }
+
     in_flight = [asyncio.create_task(streamed()) for _ in range(8)]
     await eventually(lambda: a.streams_started + b.streams_started == 8, what="8 streams in flight")
+    before = responses()
     config_file.write({"pool": (["m"], [(a, 9), (b, 1)])})
     await eventually(
         lambda: _check_weights(gateway, {a.port: 9, b.port: 1}),
         what="Envoy to apply the new weights",
     )
+    # A weight change is an EDS-only push: clusters, listeners and routes are not re-sent.
+    after = responses()
+    assert after["eds"] == before["eds"] + 1
+    assert {t: after[t] for t in ("cds", "lds", "rds")} == {
+        t: before[t] for t in ("cds", "lds", "rds")
+    }
     hold.set()
     for status, payload in await asyncio.gather(*in_flight):
         assert status == 200 and payload.rstrip().endswith(b"data: [DONE]")

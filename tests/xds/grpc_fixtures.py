@@ -26,7 +26,6 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.listener.v3 import api_listener_pb2, listener_pb2
-from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
@@ -34,6 +33,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from google.protobuf import any_pb2
 from google.protobuf.wrappers_pb2 import UInt32Value
 
+from tests.xds import fixtures
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
@@ -68,24 +68,6 @@ def grpc_listener(name: str, route_name: str) -> listener_pb2.Listener:
     )
     return listener_pb2.Listener(
         name=name, api_listener=api_listener_pb2.ApiListener(api_listener=_pack(hcm))
-    )
-
-
-def grpc_route_config(name: str, cluster_name: str) -> route_pb2.RouteConfiguration:
-    return route_pb2.RouteConfiguration(
-        name=name,
-        virtual_hosts=[
-            route_components_pb2.VirtualHost(
-                name="all",
-                domains=["*"],
-                routes=[
-                    route_components_pb2.Route(
-                        match=route_components_pb2.RouteMatch(prefix="/"),
-                        route=route_components_pb2.RouteAction(cluster=cluster_name),
-                    )
-                ],
-            )
-        ],
     )
 
 
@@ -138,7 +120,7 @@ def grpc_snapshot(
     return Snapshot.build(
         {
             ResourceType.LISTENER: [make_listener(listener, route)],
-            ResourceType.ROUTE: [grpc_route_config(route, cluster)],
+            ResourceType.ROUTE: [fixtures.route_config(route, cluster)],
             ResourceType.CLUSTER: [grpc_cluster(cluster)],
             ResourceType.ENDPOINT: [grpc_assignment(cluster, ports)],
         }
