@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -57,6 +57,10 @@ class PoolConfig(_Strict):
     """A set of interchangeable model-server endpoints that serve the same models."""
 
     name: Name
+    # How Envoy spreads a pool's requests over its endpoints: weighted least request (the
+    # default: Envoy's own in-flight counting, per request) or round robin (what a
+    # Kubernetes Service gives; the benchmark's baseline).
+    balancing: Literal["least_request", "round_robin"] = "least_request"
     models: Annotated[
         tuple[Annotated[str, Field(min_length=1, max_length=256)], ...], Field(min_length=1)
     ]

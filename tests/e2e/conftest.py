@@ -28,6 +28,7 @@ class ConfigFile:
         *,
         listener_port: int = 0,
         debounce_s: float = 0.02,
+        balancing: str = "least_request",
     ) -> None:
         document = {
             "listener": {"address": "127.0.0.1", "port": listener_port},
@@ -35,6 +36,7 @@ class ConfigFile:
             "pools": [
                 {
                     "name": name,
+                    "balancing": balancing,
                     "models": list(models),
                     "endpoints": [
                         {"address": b.host, "port": b.port, "weight": w} for b, w in endpoints

@@ -169,3 +169,13 @@ async def test_removed_endpoint_stops_receiving_traffic(  # type: ignore[no-unty
     before = b.request_count
     assert await served_by(http, gateway.url, "m", 100) == {"a": 100}
     assert b.request_count == before
+
+
+async def test_round_robin_pool_alternates(backends, config_file, gateway_factory, http) -> None:  # type: ignore[no-untyped-def]
+    a, b = await backends("a"), await backends("b")
+    config_file.write({"pool": (["m"], [(a, 1), (b, 1)])}, balancing="round_robin")
+    gateway = await gateway_factory()
+    order = [(await chat(http, gateway.url, "m"))[1] for _ in range(20)]
+    # One request at a time: round robin alternates strictly (least request would pick
+    # between two idle hosts at random).
+    assert all(order[i] != order[i + 1] for i in range(19)), order

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
+from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 
 from xds_server.config import RoutingConfig
 from xds_server.envoy import build_clusters, build_endpoints, names
-from xds_server.envoy.clusters import LEAST_REQUEST_POLICY
+from xds_server.envoy.clusters import LEAST_REQUEST_POLICY, ROUND_ROBIN_POLICY
 
 
 def test_one_eds_cluster_per_pool(config: RoutingConfig) -> None:
@@ -57,3 +58,11 @@ def test_assignments_are_deterministic(config: RoutingConfig) -> None:
     first = [a.SerializeToString(deterministic=True) for a in build_endpoints(config)]
     second = [a.SerializeToString(deterministic=True) for a in build_endpoints(config)]
     assert first == second
+
+
+def test_round_robin_when_asked(config: RoutingConfig) -> None:
+    pools = tuple(p.model_copy(update={"balancing": "round_robin"}) for p in config.pools)
+    [cluster, *_] = build_clusters(config.model_copy(update={"pools": pools}))
+    [policy] = cluster.load_balancing_policy.policies
+    assert policy.typed_extension_config.name == ROUND_ROBIN_POLICY
+    assert policy.typed_extension_config.typed_config.Unpack(round_robin_pb2.RoundRobin())

@@ -17,14 +17,22 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, config_source_pb2, extension_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
+from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from xds_server.config import EndpointConfig, PoolConfig, RoutingConfig
 from xds_server.envoy import _protos, names
 
-__all__ = ["LEAST_REQUEST_POLICY", "build_cluster", "build_clusters", "build_endpoints"]
+__all__ = [
+    "LEAST_REQUEST_POLICY",
+    "ROUND_ROBIN_POLICY",
+    "build_cluster",
+    "build_clusters",
+    "build_endpoints",
+]
 
 LEAST_REQUEST_POLICY = "envoy.load_balancing_policies.least_request"
+ROUND_ROBIN_POLICY = "envoy.load_balancing_policies.round_robin"
 
 
 def build_clusters(config: RoutingConfig) -> list[_Any]:
@@ -46,18 +54,22 @@ def build_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
         ),
         connect_timeout=_protos.duration(config.listener.connect_timeout_s),
         load_balancing_policy=cluster_pb2.LoadBalancingPolicy(
-            policies=[
-                cluster_pb2.LoadBalancingPolicy.Policy(
-                    typed_extension_config=extension_pb2.TypedExtensionConfig(
-                        name=LEAST_REQUEST_POLICY,
-                        # Defaults: 2 choices when weights are equal, active_request_bias 1.
-                        typed_config=_protos.pack(least_request_pb2.LeastRequest()),
-                    )
-                )
-            ]
+            policies=[cluster_pb2.LoadBalancingPolicy.Policy(typed_extension_config=_policy(pool))]
         ),
         # Upstreams speak HTTP/1.1, Envoy's default: every OpenAI-compatible model
         # server does, and SSE needs nothing more.
+    )
+
+
+def _policy(pool: PoolConfig) -> _Any:
+    if pool.balancing == "round_robin":
+        return extension_pb2.TypedExtensionConfig(
+            name=ROUND_ROBIN_POLICY, typed_config=_protos.pack(round_robin_pb2.RoundRobin())
+        )
+    return extension_pb2.TypedExtensionConfig(
+        name=LEAST_REQUEST_POLICY,
+        # Defaults: 2 choices when weights are equal, active_request_bias 1.
+        typed_config=_protos.pack(least_request_pb2.LeastRequest()),
     )
 
 
