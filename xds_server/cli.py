@@ -1,7 +1,7 @@
 """The `xds-server` command: run, demo, bootstrap.
 
 xds-server run --config FILE       serve a routing config to Envoys over ADS
-xds-server demo                    the local demo: server, real Envoy, example backends
+xds-server demo                    the local demo: server, real Envoy, simulated GPU pods
 xds-server bootstrap ...           print an Envoy bootstrap that points at this server
 """
 
@@ -104,13 +104,15 @@ def _bootstrap(args: argparse.Namespace) -> None:
 async def _demo(args: argparse.Namespace) -> None:
     from xds_server.demo import run_demo
 
-    await run_demo(duration_s=args.duration, listener_port=args.port)
+    await run_demo(listener_port=args.port, phase_s=args.phase_seconds, duration_s=args.duration)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xds-server", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="default: info for run, warning for demo (its live view is the output)",
     )
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -128,10 +130,16 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     demo = commands.add_parser(
-        "demo", help="run the local demo: server, real Envoy and example backends"
+        "demo", help="run the local demo: server, real Envoy, simulated GPU pods"
     )
     demo.add_argument("--port", type=int, default=8080, help="where Envoy accepts requests")
-    demo.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    demo.add_argument("--phase-seconds", type=float, default=15.0, help="traffic per policy")
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="after the comparison, serve this long (default: until Ctrl-C)",
+    )
 
     boot = commands.add_parser(
         "bootstrap", help="print an Envoy bootstrap that points at this server"
@@ -148,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _configure_logging(args.log_level, args.log_format)
+    default_level = "warning" if args.command == "demo" else "info"
+    _configure_logging(args.log_level or default_level, args.log_format)
     if args.command == "bootstrap":
         _bootstrap(args)
         return 0

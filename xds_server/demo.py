@@ -1,9 +1,10 @@
-"""The local demo: this server, a real Envoy and example model servers, on loopback.
+"""The local demo: this server, a real Envoy and a simulated mixed GPU fleet, on loopback.
 
-It writes a routing config to a temporary file and prints where to send requests and which
-file to edit: changes to the file reach Envoy within about a second, so weights, endpoints
-and models can be tried live. Later issues replace the example backends with simulated GPU
-pods and add the routing benchmark.
+What a newcomer sees: two fast (H100-like) and two slow (A10G-like) simulated vLLM pods
+behind one Envoy that this server configures. The same seeded traffic is sent twice, first
+with Envoy round robin (what a Kubernetes Service does), then with this project's policy,
+while a live table shows each pod's queue, KV-cache use, weight and the requests it got.
+At the end a short comparison, then the gateway keeps serving for you to try until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -13,104 +14,250 @@ import contextlib
 import json
 import signal
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import yaml
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
 
-from xds_server.local.backends import BACKEND_ID_HEADER, ExampleBackend
+from xds_server.config import RoutingConfig
 from xds_server.local.gateway import LocalGateway, run_local_gateway
+from xds_server.sim.fleet import Fleet, PodSpec
+from xds_server.sim.loadgen import (
+    LogNormal,
+    RequestClass,
+    Summary,
+    TraceSpec,
+    generate_trace,
+    run_replay_in_subprocess,
+    summarize,
+)
+from xds_server.sim.profiles import A10G, H100, nominal_capacity
+from xds_server.xds.resources import ResourceType
 
 __all__ = ["run_demo"]
 
-_POOLS = {"llama": ("llama-3.1-8b", 2), "qwen": ("qwen3-32b", 1)}
+MODEL = "llama-3.1-8b"
+PODS = (
+    PodSpec(name="h100-0", profile=H100),
+    PodSpec(name="h100-1", profile=H100),
+    PodSpec(name="a10g-0", profile=A10G),
+    PodSpec(name="a10g-1", profile=A10G),
+)
+# Chat-like requests, shorter than the benchmark's so each phase drains quickly.
+PROMPT_WORDS, OUTPUT_TOKENS = 300, 80
+LOAD = 0.65  # of the fleet's nominal capacity
 
 
-def _demo_config(
-    listener_port: int, backends: Mapping[str, Sequence[ExampleBackend]]
-) -> dict[str, object]:
-    return {
-        "listener": {"address": "127.0.0.1", "port": listener_port},
-        "pools": [
-            {
-                "name": pool,
-                "models": [_POOLS[pool][0]],
-                "endpoints": [
-                    {"address": b.host, "port": b.port, "weight": 1} for b in pool_backends
-                ],
-            }
-            for pool, pool_backends in backends.items()
-        ],
-    }
+@dataclass(frozen=True)
+class _Phase:
+    title: str
+    balancing: str
 
 
-async def _self_check(gateway: LocalGateway) -> list[str]:
-    """One request per model through Envoy; returns a line per request saying who answered."""
-    lines = []
-    async with aiohttp.ClientSession() as session:
-        for model, _ in _POOLS.values():
-            body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}]}
-            async with session.post(f"{gateway.url}/v1/chat/completions", json=body) as response:
-                await response.read()
-                backend = response.headers.get(BACKEND_ID_HEADER)
-                lines.append(f"  {model:<14} -> HTTP {response.status} from {backend}")
-    return lines
+PHASES = (
+    _Phase("Envoy round robin (a Kubernetes Service)", "round_robin"),
+    _Phase("this project (Envoy weighted least request, configured over xDS)", "least_request"),
+)
 
 
-async def run_demo(*, listener_port: int = 8080, duration_s: float | None = None) -> None:
-    """Run until Ctrl-C (or for `duration_s` seconds)."""
+def _config(listener_port: int, fleet: Fleet, balancing: str) -> RoutingConfig:
+    return RoutingConfig.model_validate(
+        {
+            "listener": {"address": "127.0.0.1", "port": listener_port},
+            "updates": {"debounce_s": 0.05},
+            "pools": [
+                {
+                    "name": "llama",
+                    "models": [MODEL],
+                    "balancing": balancing,
+                    "endpoints": [
+                        {"address": host, "port": port} for _, host, port in fleet.endpoints()
+                    ],
+                }
+            ],
+        }
+    )
+
+
+def _trace_spec(duration_s: float) -> TraceSpec:
+    capacity = sum(
+        nominal_capacity(
+            p.profile, prompt_tokens=PROMPT_WORDS, output_tokens=OUTPUT_TOKENS
+        ).requests_per_s
+        for p in PODS
+    )
+    shape = RequestClass(
+        name="chat",
+        prompt_words=LogNormal(mean=PROMPT_WORDS, sigma=0.4, min=16, max=1500),
+        output_tokens=LogNormal(mean=OUTPUT_TOKENS, sigma=0.4, min=4, max=400),
+    )
+    return TraceSpec(
+        duration_s=duration_s, rate_per_s=LOAD * capacity, request_classes=(shape,), model=MODEL
+    )
+
+
+def _weights(gateway: LocalGateway) -> dict[int, int]:
+    """Endpoint port -> the weight in the snapshot Envoy is being sent."""
+    snapshot = gateway.app.controller.snapshot
+    if snapshot is None:
+        return {}
+    weights = {}
+    for resource in snapshot.resources[ResourceType.ENDPOINT].values():
+        for locality in resource.message.endpoints:
+            for endpoint in locality.lb_endpoints:
+                port = endpoint.endpoint.address.socket_address.port_value
+                weights[port] = endpoint.load_balancing_weight.value or 1
+    return weights
+
+
+def _view(
+    title: str, fleet: Fleet, gateway: LocalGateway, started: float, planned_s: float
+) -> Group:
+    table = Table(title=title, title_justify="left", expand=False)
+    for column in ("pod", "GPU", "running", "waiting", "KV cache", "weight", "requests"):
+        table.add_column(
+            column, justify="left" if column in ("pod", "GPU", "KV cache") else "right"
+        )
+    weights = _weights(gateway)
+    for pod in fleet:
+        state = pod.state_snapshot()
+        engine = state.engine
+        routed = sum(engine.finished.values()) + engine.num_running + engine.num_waiting
+        bar = ProgressBar(total=1.0, completed=engine.kv_usage, width=16)
+        table.add_row(
+            pod.name,
+            pod.profile.name,
+            str(engine.num_running),
+            str(engine.num_waiting),
+            Group(bar, f"{100 * engine.kv_usage:3.0f}%"),
+            str(weights.get(pod.port, "-")),
+            str(routed),
+        )
+    elapsed = time.monotonic() - started
+    progress = Table.grid(padding=(0, 1))
+    progress.add_row(
+        "traffic",
+        ProgressBar(total=planned_s, completed=min(elapsed, planned_s), width=40),
+        f"{elapsed:4.0f} s",
+    )
+    return Group(table, progress)
+
+
+async def _phase(
+    phase: _Phase,
+    *,
+    gateway: LocalGateway,
+    listener_port: int,
+    trace_path: Path,
+    duration_s: float,
+    console: Console,
+) -> tuple[Summary, dict[str, int]]:
+    """Run the trace once through Envoy with `phase`'s balancing on a fresh fleet."""
+    async with Fleet(PODS, model=MODEL, stream_interval=4, seed=7) as fleet:
+        gateway.app.controller.submit(_config(listener_port, fleet, phase.balancing))
+        snapshot = await gateway.app.controller.settled()
+        assert snapshot is not None
+        await gateway.app.registry.wait_for_ack("eds", snapshot.versions[ResourceType.ENDPOINT])
+        started = time.monotonic()
+        replaying = asyncio.create_task(
+            run_replay_in_subprocess(
+                trace_path, url=gateway.url, timeout_s=duration_s + 10, max_in_flight=2000
+            )
+        )
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while not replaying.done():
+                live.update(_view(phase.title, fleet, gateway, started, duration_s))
+                await asyncio.wait({replaying}, timeout=0.25)
+            live.update(_view(phase.title, fleet, gateway, started, duration_s))
+        result = replaying.result()
+        routed = {pod.name: sum(pod.state_snapshot().engine.finished.values()) for pod in fleet}
+    return summarize(result.results, duration_s=duration_s), routed
+
+
+def _comparison(summaries: Sequence[tuple[_Phase, Summary, dict[str, int]]]) -> Table:
+    table = Table(title="Same traffic, two policies", title_justify="left")
+    for column in ("policy", "TTFT p50", "TTFT p99", "output tok/s", "to slow pods", "errors"):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{1000 * value:,.0f} ms"
+
+    for phase, summary, routed in summaries:
+        slow = sum(v for k, v in routed.items() if k.startswith("a10g"))
+        errors = sum(v for k, v in summary.status_counts.items() if k != "200")
+        table.add_row(
+            phase.balancing.replace("_", " "),
+            ms(summary.ttft_p50_s),
+            ms(summary.ttft_p99_s),
+            f"{summary.output_tokens_per_s:,.0f}",
+            f"{100 * slow / max(1, sum(routed.values())):.0f}%",
+            str(errors),
+        )
+    return table
+
+
+async def run_demo(
+    *, listener_port: int = 8080, phase_s: float = 15.0, duration_s: float | None = None
+) -> None:
+    """Run both phases, print the comparison, then serve until Ctrl-C (or `duration_s`)."""
+    console = Console()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
     async with contextlib.AsyncExitStack() as stack:
-        backends: dict[str, list[ExampleBackend]] = {}
-        for pool, (model, count) in _POOLS.items():
-            backends[pool] = [
-                await stack.enter_async_context(
-                    ExampleBackend(
-                        backend_id=f"{pool}-{i}", models=[model], tokens=16, token_delay=0.05
-                    )
-                )
-                for i in range(count)
-            ]
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="xds-demo-")))
+        trace_path = workdir / "trace.jsonl"
+        generate_trace(_trace_spec(phase_s), seed=1).save(trace_path)
         config_path = workdir / "config.yaml"
         config_path.write_text(
-            yaml.safe_dump(_demo_config(listener_port, backends), sort_keys=False)
+            yaml.safe_dump(
+                {
+                    "listener": {"address": "127.0.0.1", "port": listener_port},
+                    "pools": [{"name": "llama", "models": [MODEL], "endpoints": []}],
+                }
+            )
         )
-        gateway = await stack.enter_async_context(run_local_gateway(config_path))
+        with console.status("Starting the xDS server and Envoy..."):
+            gateway = await stack.enter_async_context(
+                run_local_gateway(config_path, config_poll_s=3600)
+            )
+        port = int(gateway.url.rsplit(":", 1)[1])
+        console.print(
+            f"Envoy listens on [bold]{gateway.url}[/]; this server's admin is on "
+            f"http://127.0.0.1:{gateway.app.admin_port} (/debug/nodes, /metrics)."
+        )
+        summaries = []
+        for phase in PHASES:
+            summary, routed = await _phase(
+                phase,
+                gateway=gateway,
+                listener_port=port,
+                trace_path=trace_path,
+                duration_s=phase_s,
+                console=console,
+            )
+            summaries.append((phase, summary, routed))
+            if stop.is_set():
+                return
+        console.print(_comparison(summaries))
+        fleet = await stack.enter_async_context(Fleet(PODS, model=MODEL, stream_interval=1, seed=7))
+        gateway.app.controller.submit(_config(port, fleet, "least_request"))
+        await gateway.app.controller.settled()
         example = json.dumps(
-            {
-                "model": "llama-3.1-8b",
-                "messages": [{"role": "user", "content": "hi"}],
-                "stream": True,
-            }
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
         )
-        print(
-            "\n".join(
-                [
-                    "",
-                    f"Envoy is routing OpenAI-style requests on {gateway.url} (models: "
-                    + ", ".join(m for m, _ in _POOLS.values())
-                    + ").",
-                    "Self-check through Envoy:",
-                    *await _self_check(gateway),
-                    "",
-                    "Try:",
-                    f"  curl -N {gateway.url}/v1/chat/completions \\",
-                    f"       -H 'content-type: application/json' -d '{example}'",
-                    "",
-                    f"Routing config (edit it; Envoy follows within a second): {config_path}",
-                    f"xDS server admin:  http://127.0.0.1:{gateway.app.admin_port}"
-                    "/debug/nodes  /debug/snapshot  /metrics",
-                    f"Envoy admin:       {gateway.envoy.admin_url}/clusters  /stats",
-                    "Press Ctrl-C to stop.",
-                    "",
-                ]
-            ),
-            flush=True,
+        console.print(
+            "The gateway keeps serving the simulated fleet. Try:\n"
+            f"  curl -N {gateway.url}/v1/chat/completions -H 'content-type: application/json' "
+            f"-d '{example}'\nPress Ctrl-C to stop.",
+            soft_wrap=True,
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), duration_s)

@@ -1,0 +1,100 @@
+"""Turn benchmark results into the markdown table and the TTFT CDF plots.
+
+Pure apart from writing the files it is asked to write. The results dict is the documented
+`results.json` shape: {"scenarios": {name: {"policies": {policy: summary}}}, ...}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["POLICY_ORDER", "gap_closure", "markdown_table", "plot_ttft_cdfs"]
+
+POLICY_ORDER = ("round_robin", "least_request", "project", "oracle")
+
+
+def gap_closure(policies: Mapping[str, Mapping[str, Any]], key: str) -> float | None:
+    """(RR − ours) / (RR − oracle) for metric `key`; None when undefined (no gap to close)."""
+    try:
+        rr, ours, oracle = (float(policies[p][key]) for p in ("round_robin", "project", "oracle"))
+    except (KeyError, TypeError):
+        return None
+    if rr - oracle <= 0:
+        return None
+    return (rr - ours) / (rr - oracle)
+
+
+def _ms(seconds: float | None) -> str:
+    return "–" if seconds is None else f"{1000 * seconds:,.0f}"
+
+
+def _statuses(counts: Mapping[str, int]) -> str:
+    errors = {k: v for k, v in sorted(counts.items()) if k != "200"}
+    return ", ".join(f"{k}: {v}" for k, v in errors.items()) or "none"
+
+
+def markdown_table(results: Mapping[str, Any]) -> str:
+    """One table per scenario: a row per policy, then gap closure for P95/P99 TTFT."""
+    lines: list[str] = []
+    for name, scenario in results["scenarios"].items():
+        policies = scenario["policies"]
+        lines += [
+            f"### Scenario {name}: {scenario.get('title', '')}",
+            "",
+            "| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | TPOT p50 ms | E2E p99 ms "
+            "| output tok/s | requests | errors |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for policy in [p for p in POLICY_ORDER if p in policies]:
+            s = policies[policy]
+            lines.append(
+                f"| {policy} | {_ms(s.get('ttft_p50_s'))} | {_ms(s.get('ttft_p95_s'))} "
+                f"| {_ms(s.get('ttft_p99_s'))} | {_ms(s.get('tpot_p50_s'))} "
+                f"| {_ms(s.get('e2e_p99_s'))} "
+                f"| {s.get('output_tokens_per_s', 0):,.0f} | {s.get('requests', 0)} "
+                f"| {_statuses(s.get('status_counts', {}))} |"
+            )
+        closures = []
+        for key, label in (("ttft_p95_s", "P95"), ("ttft_p99_s", "P99")):
+            value = gap_closure(policies, key)
+            closures.append(f"{label} TTFT {'–' if value is None else f'{100 * value:.0f}%'}")
+        lines += ["", "Gap closure (RR − project) / (RR − oracle): " + ", ".join(closures), ""]
+    if results.get("machine_saturated"):
+        lines.append(
+            "**Warning:** the machine was saturated during at least one run; see results.json."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_ttft_cdfs(
+    ttfts: Mapping[str, Mapping[str, Sequence[float]]], *, titles: Mapping[str, str], out_dir: Path
+) -> list[Path]:
+    """One PNG per scenario: the TTFT CDF of every policy (log x axis). Returns the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for scenario, by_policy in ttfts.items():
+        figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
+        for policy in [p for p in POLICY_ORDER if p in by_policy]:
+            samples = sorted(by_policy[policy])
+            if not samples:
+                continue
+            fractions = [(i + 1) / len(samples) for i in range(len(samples))]
+            axes.step(samples, fractions, where="post", label=policy)
+        axes.set_xscale("log")
+        axes.set_xlabel("time to first token (s)")
+        axes.set_ylabel("fraction of requests")
+        axes.set_title(f"Scenario {scenario}: {titles.get(scenario, '')}")
+        axes.grid(True, which="both", alpha=0.3)
+        axes.legend(loc="lower right")
+        path = out_dir / f"ttft_cdf_{scenario}.png"
+        figure.tight_layout()
+        figure.savefig(path)
+        plt.close(figure)
+        written.append(path)
+    return written

@@ -1,0 +1,241 @@
+"""Run scenarios × policies × seeds through one real Envoy and collect the figures.
+
+One xDS server and one Envoy serve the whole run. For each scenario and seed the trace is
+generated once; then, for each policy in turn, a fresh simulated fleet starts (cold caches,
+empty queues), the routing config for that policy is applied and acknowledged by Envoy, and
+the trace is replayed by a load generator in its own process. So the policies differ in
+nothing but how Envoy (or the oracle) picks pods.
+
+Policies:
+  round_robin    Envoy round robin, equal weights (what a Kubernetes Service gives)
+  least_request  Envoy least request, equal weights
+  project        this project's control plane (today: weighted least request, equal weights;
+                 GPU-aware weights arrive with the balancing issue)
+  oracle         a router inside the simulator with exact pod state: the limit
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import statistics
+import tempfile
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.scenarios import MODEL, Scenario, build_scenario
+from xds_server.config import RoutingConfig
+from xds_server.local.gateway import LocalGateway, run_local_gateway
+from xds_server.sim.fleet import Fleet
+from xds_server.sim.loadgen import ReplayResult, generate_trace, run_replay_in_subprocess, summarize
+from xds_server.sim.oracle import OracleRouter
+from xds_server.xds.resources import ResourceType
+
+__all__ = ["POLICIES", "RunOptions", "run_benchmark"]
+
+logger = logging.getLogger(__name__)
+
+POLICIES = ("round_robin", "least_request", "project", "oracle")
+
+# The simulator's step timing is no longer trustworthy when its steps end, on average, this
+# much behind their deadlines, or when this much pod time was lost to stalls (re-anchoring).
+SIM_STEP_LAG_SATURATED_S = 0.010
+SIM_DROPPED_SATURATED_S = 0.5
+
+
+def _simulator_lag(fleet: Fleet) -> dict[str, float]:
+    snapshots = [pod.state_snapshot() for pod in fleet]
+    steps = sum(s.steps for s in snapshots)
+    return {
+        "mean_step_lag_s": sum(s.lag_s_total for s in snapshots) / max(1, steps),
+        "max_step_lag_s": max((s.lag_s_max for s in snapshots), default=0.0),
+        "dropped_s": sum(s.lag_s_dropped for s in snapshots),
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    scenarios: Sequence[str]
+    seeds: int
+    duration_s: float
+    out_dir: Path
+    request_scale: float = 1.0
+    stream_interval: int = 4
+    policies: Sequence[str] = POLICIES
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    summary: dict[str, Any]
+    ttfts: list[float]
+    saturated: bool
+    notes: dict[str, Any]
+
+
+def _routing(
+    scenario: Scenario, policy: str, endpoints: Sequence[tuple[str, int]]
+) -> RoutingConfig:
+    return RoutingConfig.model_validate(
+        {
+            "listener": {"address": "127.0.0.1", "port": 0},
+            "updates": {"debounce_s": 0.0, "max_delay_s": 0.0},
+            "pools": [
+                {
+                    "name": "llm",
+                    "models": [MODEL],
+                    "balancing": "round_robin" if policy == "round_robin" else "least_request",
+                    "endpoints": [
+                        {"address": host, "port": port, "weight": 1} for host, port in endpoints
+                    ],
+                }
+            ],
+        }
+    )
+
+
+async def _apply(gateway: LocalGateway, config: RoutingConfig) -> None:
+    """Hand `config` to the controller and wait until Envoy has ACKed all of it."""
+    controller = gateway.app.controller
+    controller.submit(config)
+    snapshot = await asyncio.wait_for(controller.settled(), 10)
+    assert snapshot is not None
+    for resource_type in ResourceType:
+        await asyncio.wait_for(
+            gateway.app.registry.wait_for_ack(
+                resource_type.short, snapshot.versions[resource_type]
+            ),
+            10,
+        )
+
+
+@contextlib.asynccontextmanager
+async def _targets(
+    scenario: Scenario, policy: str, *, seed: int, stream_interval: int
+) -> AsyncIterator[tuple[Fleet, list[tuple[str, int]]]]:
+    async with Fleet(
+        scenario.pods, model=MODEL, stream_interval=stream_interval, seed=seed
+    ) as fleet:
+        if policy == "oracle":
+            async with OracleRouter(fleet.pods, seed=seed) as oracle:
+                yield fleet, [("127.0.0.1", oracle.port)]
+        else:
+            yield fleet, [("127.0.0.1", pod.port) for pod in fleet.pods]
+
+
+async def _run_policy(
+    gateway: LocalGateway,
+    scenario: Scenario,
+    policy: str,
+    *,
+    seed: int,
+    trace_path: Path,
+    options: RunOptions,
+) -> PolicyRun:
+    async with _targets(scenario, policy, seed=seed, stream_interval=options.stream_interval) as (
+        fleet,
+        endpoints,
+    ):
+        await _apply(gateway, _routing(scenario, policy, endpoints))
+        result: ReplayResult = await run_replay_in_subprocess(
+            trace_path,
+            url=gateway.url,
+            timeout_s=scenario.drain_s,
+            max_in_flight=5000,
+        )
+        sim_lag = _simulator_lag(fleet)
+    summary = summarize(result.results, duration_s=scenario.trace.duration_s).to_json()
+    served_by = Counter(r.backend_id or "none" for r in result.results if r.status == 200)
+    summary["served_by"] = dict(sorted(served_by.items()))
+    ttfts = [r.ttft_s for r in result.results if r.ttft_s is not None]
+    saturated = (
+        result.saturated
+        or sim_lag["mean_step_lag_s"] > SIM_STEP_LAG_SATURATED_S
+        or sim_lag["dropped_s"] > SIM_DROPPED_SATURATED_S
+    )
+    notes = {
+        "loadgen_loop_lag_p99_s": result.loop_lag_p99_s,
+        "loadgen_send_lateness_p99_s": result.send_lateness_p99_s,
+        "simulator": sim_lag,
+        "saturated": saturated,
+    }
+    return PolicyRun(summary=summary, ttfts=ttfts, saturated=saturated, notes=notes)
+
+
+def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:
+    """The median over seeds of every numeric figure, with per-seed values under `per_seed`."""
+    if len(runs) == 1:
+        return {**runs[0].summary, "run": runs[0].notes}
+    merged: dict[str, Any] = {}
+    per_seed: dict[str, list[Any]] = {}
+    for key, first in runs[0].summary.items():
+        values = [run.summary[key] for run in runs]
+        per_seed[key] = values
+        numeric = [v for v in values if isinstance(v, int | float)]
+        if isinstance(first, int | float) and numeric:
+            merged[key] = statistics.median(numeric)
+        elif key in ("status_counts", "served_by"):
+            merged[key] = {
+                k: sum(v.get(k, 0) for v in values) for k in sorted({k for v in values for k in v})
+            }
+        else:
+            merged[key] = first
+    merged["per_seed"] = per_seed
+    merged["run"] = [run.notes for run in runs]
+    return merged
+
+
+async def run_benchmark(
+    options: RunOptions, *, progress: Callable[[str], None] = lambda _: None
+) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]], dict[str, str]]:
+    """Run everything; returns (results.json content, TTFT samples per scenario/policy, titles)."""
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    traces_dir = options.out_dir / "traces"
+    traces_dir.mkdir(exist_ok=True)
+    results: dict[str, Any] = {"scenarios": {}, "machine_saturated": False}
+    samples: dict[str, dict[str, list[float]]] = {}
+    titles: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="xds-bench-") as workdir:
+        bootstrap_config = Path(workdir) / "config.yaml"
+        first = build_scenario(options.scenarios[0], duration_s=options.duration_s)
+        bootstrap_config.write_text(
+            _routing(first, "least_request", [("127.0.0.1", 9)]).model_dump_json()
+        )
+        async with run_local_gateway(
+            bootstrap_config, node_id="bench-envoy", config_poll_s=3600
+        ) as gateway:
+            for name in options.scenarios:
+                scenario = build_scenario(
+                    name, duration_s=options.duration_s, request_scale=options.request_scale
+                )
+                titles[name] = scenario.title
+                runs: dict[str, list[PolicyRun]] = {p: [] for p in options.policies}
+                for seed in range(1, options.seeds + 1):
+                    trace = generate_trace(scenario.trace, seed=seed)
+                    trace_path = traces_dir / f"{name}-seed{seed}.jsonl"
+                    trace.save(trace_path)
+                    for policy in options.policies:
+                        count = len(trace.requests)
+                        progress(f"scenario {name}, seed {seed}, {policy}: {count} requests")
+                        run = await _run_policy(
+                            gateway,
+                            scenario,
+                            policy,
+                            seed=seed,
+                            trace_path=trace_path,
+                            options=options,
+                        )
+                        runs[policy].append(run)
+                        results["machine_saturated"] |= run.saturated
+                results["scenarios"][name] = {
+                    "title": scenario.title,
+                    "capacity_requests_per_s": scenario.capacity_requests_per_s,
+                    "offered_requests_per_s": scenario.trace.rate_per_s,
+                    "pods": [{"name": p.name, "profile": p.profile.name} for p in scenario.pods],
+                    "policies": {p: _merge_seeds(r) for p, r in runs.items()},
+                }
+                samples[name] = {p: [t for run in r for t in run.ttfts] for p, r in runs.items()}
+    return results, samples, titles

@@ -1,0 +1,172 @@
+"""The benchmark scenarios of DESIGN.md, as data: a fleet of simulated pods and a trace spec.
+
+Arrival rates are set relative to the fleet's nominal capacity (`nominal_capacity` of each
+pod's profile for the scenario's request mix), so a scenario means the same load whatever
+the profiles' absolute speeds. `quick` shrinks the duration (and the fleet stays the same)
+for a seconds-long smoke run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from xds_server.sim.fleet import PodSpec
+from xds_server.sim.loadgen.trace import Burst, LogNormal, PrefixGroups, RequestClass, TraceSpec
+from xds_server.sim.profiles import A10G, H100, nominal_capacity
+
+__all__ = ["MODEL", "SCENARIOS", "Scenario", "build_scenario", "fleet_capacity"]
+
+MODEL = "llama-3.1-8b"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    name: str
+    title: str
+    pods: tuple[PodSpec, ...]
+    trace: TraceSpec
+    # Requests still running this long after the last arrival are cut off (and counted).
+    drain_s: float
+    capacity_requests_per_s: float
+
+
+def _pods(**counts: int) -> tuple[PodSpec, ...]:
+    profiles = {"h100": H100, "a10g": A10G}
+    return tuple(
+        PodSpec(name=f"{kind}-{i}", profile=profiles[kind])
+        for kind, n in counts.items()
+        for i in range(n)
+    )
+
+
+def _mean(distribution: object) -> int:
+    mean = getattr(distribution, "mean", None) or getattr(distribution, "value", None)
+    assert mean is not None, distribution
+    return round(float(mean))
+
+
+def fleet_capacity(pods: Sequence[PodSpec], classes: Sequence[RequestClass]) -> float:
+    """Requests/s the fleet sustains for this mix: per pod, the weighted harmonic mean of the
+    per-class capacities (time per request is additive), summed over pods."""
+    total_weight = sum(c.weight for c in classes)
+    capacity = 0.0
+    for pod in pods:
+        seconds_per_request = sum(
+            (c.weight / total_weight)
+            / nominal_capacity(
+                pod.profile,
+                prompt_tokens=_mean(c.prompt_words),
+                output_tokens=_mean(c.output_tokens),
+            ).requests_per_s
+            for c in classes
+        )
+        capacity += 1 / seconds_per_request
+    return capacity
+
+
+def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) -> Scenario:
+    """Scenario `name` (a, b, c or d) lasting `duration_s` seconds of arrivals.
+
+    `request_scale` multiplies every prompt and output length (a smoke run uses short
+    requests so that it drains in seconds); rates follow the resulting capacity.
+    """
+
+    def ln(mean: float, sigma: float, low: int = 1, high: int = 1_000_000) -> LogNormal:
+        k = request_scale
+        return LogNormal(
+            mean=mean * k, sigma=sigma, min=max(1, round(low * k)), max=max(2, round(high * k))
+        )
+
+    chat = RequestClass(
+        name="chat", prompt_words=ln(500, 0.4, 32, 2000), output_tokens=ln(150, 0.4, 8, 600)
+    )
+    if name == "a":
+        pods = _pods(h100=2, a10g=2)
+        classes: tuple[RequestClass, ...] = (chat,)
+        capacity = fleet_capacity(pods, classes)
+        trace = TraceSpec(
+            duration_s=duration_s, rate_per_s=0.65 * capacity, request_classes=classes, model=MODEL
+        )
+        title = "mixed generations (2 H100-like + 2 A10G-like pods, Poisson at 65% of capacity)"
+    elif name == "b":
+        pods = _pods(h100=4)
+        classes = (
+            RequestClass(
+                name="chat",
+                weight=0.8,
+                prompt_words=ln(300, 0.4, 16, 1200),
+                output_tokens=ln(120, 0.4, 8, 400),
+            ),
+            RequestClass(
+                name="long-prompt",
+                weight=0.2,
+                prompt_words=ln(3000, 0.3, 1000, 8000),
+                output_tokens=ln(60, 0.4, 8, 200),
+            ),
+        )
+        capacity = fleet_capacity(pods, classes)
+        bursts = tuple(
+            Burst(start_s=duration_s * at, duration_s=max(0.5, duration_s * 0.08), multiplier=3.5)
+            for at in (0.2, 0.5, 0.75)
+        )
+        trace = TraceSpec(
+            duration_s=duration_s,
+            rate_per_s=0.4 * capacity,
+            arrivals="gamma",
+            burstiness_cv=2.5,
+            bursts=bursts,
+            request_classes=classes,
+            model=MODEL,
+        )
+        title = (
+            "bursty (4 identical pods, gamma arrivals cv 2.5 at 40% of capacity plus 3.5x bursts;"
+            " chat and long prompts)"
+        )
+    elif name == "c":
+        pods = _pods(h100=4)
+        classes = (
+            RequestClass(
+                name="question",
+                prompt_words=ln(256, 0.2, 64, 600),
+                output_tokens=ln(64, 0.3, 8, 200),
+            ),
+        )
+        # Capacity without cache hits for the full prompt (prefix + question).
+        full = (
+            RequestClass(
+                name="full",
+                prompt_words=ln(2048 + 256, 0.1),
+                output_tokens=classes[0].output_tokens,
+            ),
+        )
+        capacity = fleet_capacity(pods, full)
+        trace = TraceSpec(
+            duration_s=duration_s,
+            rate_per_s=0.8 * capacity,
+            request_classes=classes,
+            prefix_groups=PrefixGroups(groups=32, prefix_words=2048, fraction=1.0),
+            model=MODEL,
+        )
+        title = "shared prefixes (32 groups of a 2,048-token system prompt, 256-token questions)"
+    elif name == "d":
+        pods = _pods(h100=4)
+        classes = (chat,)
+        capacity = fleet_capacity(pods, classes)
+        trace = TraceSpec(
+            duration_s=duration_s, rate_per_s=0.6 * capacity, request_classes=classes, model=MODEL
+        )
+        title = "uniform fleet, steady Poisson traffic at 60% of capacity"
+    else:
+        raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
+    return Scenario(
+        name=name,
+        title=title,
+        pods=pods,
+        trace=trace,
+        drain_s=max(6.0, 1.25 * duration_s),
+        capacity_requests_per_s=capacity,
+    )
+
+
+SCENARIOS = ("a", "b", "c", "d")

@@ -1,0 +1,37 @@
+"""The README's first command: the demo runs end to end and prints its comparison."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_demo_compares_policies_on_a_simulated_fleet() -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "xds_server",
+        "demo",
+        "--port",
+        "0",
+        "--phase-seconds",
+        "2",
+        "--duration",
+        "0",
+    ]
+    completed = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120"}
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    out = completed.stdout
+    for expected in (
+        "h100-0",
+        "a10g-1",
+        "KV cache",
+        "Same traffic, two policies",
+        "round robin",
+        "least request",
+    ):
+        assert expected in out, (expected, out[-3000:])
+    assert "curl -N http://127.0.0.1:" in out
