@@ -20,6 +20,9 @@ from bench.report import markdown_table, plot_ttft_cdfs
 from bench.runner import POLICIES, RunOptions, run_benchmark
 from bench.scenarios import SCENARIOS
 
+# Scenario e (LoRA) joins the default run with LoRA affinity in the project policy.
+DEFAULT_SCENARIOS = ("a", "b", "c", "d")
+
 DEFAULT_DURATION_S = 20.0
 QUICK_DURATION_S = 3.0
 # A smoke run's requests are a fifth as long, so that even a collapsed policy drains in seconds.
@@ -31,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run scenarios x policies through a real Envoy")
     run.add_argument(
-        "--scenarios", default=",".join(SCENARIOS), help="comma-separated, from a,b,c,d"
+        "--scenarios", default=",".join(DEFAULT_SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS)
     )
     run.add_argument(
         "--policies", default=",".join(POLICIES), help="comma-separated subset of policies"

@@ -32,6 +32,7 @@ from xds_server.config import RoutingConfig
 from xds_server.local.gateway import LocalGateway, run_local_gateway
 from xds_server.sim.fleet import Fleet
 from xds_server.sim.loadgen import ReplayResult, generate_trace, run_replay_in_subprocess, summarize
+from xds_server.sim.loadgen.stats import ttft_sample
 from xds_server.sim.oracle import OracleRouter
 from xds_server.xds.resources import ResourceType
 
@@ -79,15 +80,21 @@ class PolicyRun:
 def _routing(
     scenario: Scenario, policy: str, endpoints: Sequence[tuple[str, int]]
 ) -> RoutingConfig:
+    project = policy == "project"
     return RoutingConfig.model_validate(
         {
             "listener": {"address": "127.0.0.1", "port": 0},
-            "updates": {"debounce_s": 0.0, "max_delay_s": 0.0},
+            "updates": {"debounce_s": 0.05, "max_delay_s": 0.2},
             "pools": [
                 {
                     "name": "llm",
                     "models": [MODEL],
+                    "adapters": list(scenario.adapters),
                     "balancing": "round_robin" if policy == "round_robin" else "least_request",
+                    # Only the project's policy reads the pods' metrics; least_request is
+                    # Envoy on its own, with equal weights.
+                    "gpu_aware": project,
+                    "session_affinity": project and scenario.session_affinity,
                     "endpoints": [
                         {"address": host, "port": port, "weight": 1} for host, port in endpoints
                     ],
@@ -147,10 +154,18 @@ async def _run_policy(
             max_in_flight=5000,
         )
         sim_lag = _simulator_lag(fleet)
+        engines = [pod.state_snapshot().engine for pod in fleet]
     summary = summarize(result.results, duration_s=scenario.trace.duration_s).to_json()
     served_by = Counter(r.backend_id or "none" for r in result.results if r.status == 200)
     summary["served_by"] = dict(sorted(served_by.items()))
-    ttfts = [r.ttft_s for r in result.results if r.ttft_s is not None]
+    queries = sum(e.prefix_cache_queries for e in engines)
+    summary["prefix_cache_hit_rate"] = sum(e.prefix_cache_hits for e in engines) / max(1, queries)
+    summary["adapter_loads"] = sum(e.adapter_loads for e in engines)
+    adapter_requests = sum(e.adapter_requests for e in engines)
+    summary["adapter_hit_fraction"] = (
+        sum(e.adapter_hits for e in engines) / adapter_requests if adapter_requests else None
+    )
+    ttfts = [t for r in result.results if (t := ttft_sample(r)) is not None]
     saturated = (
         result.saturated
         or sim_lag["mean_step_lag_s"] > SIM_STEP_LAG_SATURATED_S

@@ -8,16 +8,25 @@ for a seconds-long smoke run.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from xds_server.sim.fleet import PodSpec
-from xds_server.sim.loadgen.trace import Burst, LogNormal, PrefixGroups, RequestClass, TraceSpec
+from xds_server.sim.loadgen.trace import (
+    Burst,
+    LogNormal,
+    Lora,
+    PrefixGroups,
+    RequestClass,
+    TraceSpec,
+)
 from xds_server.sim.profiles import A10G, H100, nominal_capacity
 
-__all__ = ["MODEL", "SCENARIOS", "Scenario", "build_scenario", "fleet_capacity"]
+__all__ = ["ADAPTERS", "MODEL", "SCENARIOS", "Scenario", "build_scenario", "fleet_capacity"]
 
 MODEL = "llama-3.1-8b"
+ADAPTERS = tuple(f"adapter-{i}" for i in range(8))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +38,10 @@ class Scenario:
     # Requests still running this long after the last arrival are cut off (and counted).
     drain_s: float
     capacity_requests_per_s: float
+    # LoRA adapters the pods serve (and the pool config lists), and whether the project's
+    # policy turns on session/prefix affinity (consistent hashing on prompt_cache_key).
+    adapters: tuple[str, ...] = ()
+    session_affinity: bool = False
 
 
 def _pods(**counts: int) -> tuple[PodSpec, ...]:
@@ -78,6 +91,8 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             mean=mean * k, sigma=sigma, min=max(1, round(low * k)), max=max(2, round(high * k))
         )
 
+    adapters: tuple[str, ...] = ()
+    session_affinity = False
     chat = RequestClass(
         name="chat", prompt_words=ln(500, 0.4, 32, 2000), output_tokens=ln(150, 0.4, 8, 600)
     )
@@ -149,6 +164,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             model=MODEL,
         )
         title = "shared prefixes (32 groups of a 2,048-token system prompt, 256-token questions)"
+        session_affinity = True
     elif name == "d":
         pods = _pods(h100=4)
         classes = (chat,)
@@ -157,6 +173,24 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             duration_s=duration_s, rate_per_s=0.6 * capacity, request_classes=classes, model=MODEL
         )
         title = "uniform fleet, steady Poisson traffic at 60% of capacity"
+    elif name == "e":
+        pods = tuple(
+            PodSpec(
+                name=f"h100-{i}", profile=dataclasses.replace(H100, max_loras=2), adapters=ADAPTERS
+            )
+            for i in range(4)
+        )
+        classes = (chat,)
+        capacity = fleet_capacity(pods, classes)
+        trace = TraceSpec(
+            duration_s=duration_s,
+            rate_per_s=0.6 * capacity,
+            request_classes=classes,
+            lora=Lora(adapters=ADAPTERS, zipf_s=1.2, fraction=0.9),
+            model=MODEL,
+        )
+        title = "LoRA (4 pods, 8 adapters, 2 slots per pod, Zipf-skewed popularity)"
+        adapters = ADAPTERS
     else:
         raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
     return Scenario(
@@ -166,7 +200,9 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         trace=trace,
         drain_s=max(6.0, 1.25 * duration_s),
         capacity_requests_per_s=capacity,
+        adapters=adapters,
+        session_affinity=session_affinity,
     )
 
 
-SCENARIOS = ("a", "b", "c", "d")
+SCENARIOS = ("a", "b", "c", "d", "e")

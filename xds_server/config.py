@@ -18,11 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from xds_server.errors import ConfigError
 
 __all__ = [
+    "BalancingConfig",
     "ConfigError",
     "EndpointConfig",
     "ListenerConfig",
     "PoolConfig",
     "RoutingConfig",
+    "ScorerWeights",
     "UpdatesConfig",
     "load_config",
     "parse_config",
@@ -41,7 +43,11 @@ class EndpointConfig(_Strict):
 
     address: str
     port: Port
+    # A static weight, used as is when the pool's metrics are not scraped (round robin, or
+    # no metrics yet); GPU-aware balancing replaces it with a weight from live metrics.
     weight: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    # Hardware class (e.g. "h100"), looked up in `balancing.hardware_capacity`.
+    hardware: str | None = None
 
     @field_validator("address")
     @classmethod
@@ -64,9 +70,25 @@ class PoolConfig(_Strict):
     models: Annotated[
         tuple[Annotated[str, Field(min_length=1, max_length=256)], ...], Field(min_length=1)
     ]
+    # LoRA adapters the pool's pods can serve: a request whose `model` names one goes to a
+    # pod that holds it (LoRA affinity), else to the pods with the most headroom.
+    adapters: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = ()
+    # Consistent hashing with bounded load on the request's session key (`x-session-id`,
+    # or the body's `prompt_cache_key` or `user`) so that a conversation, and the prompt
+    # prefix it shares, meets the pod that has it cached. Requests without a key are
+    # balanced by weighted least request as usual.
+    session_affinity: bool = False
+    # Weights from live GPU metrics (least_request pools); False keeps the static weights
+    # below, i.e. Envoy's least request on its own.
+    gpu_aware: bool = True
+    # The model server, for reading its /metrics (see the README's metrics adapters).
+    engine: Literal["vllm", "sglang", "tgi", "triton", "trtllm"] = "vllm"
+    # Where each endpoint serves /metrics; by default its serving port.
+    metrics_port: Annotated[int | None, Field(ge=1, le=65535)] = None
+    metrics_path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
     endpoints: tuple[EndpointConfig, ...] = ()
 
-    @field_validator("models")
+    @field_validator("models", "adapters")
     @classmethod
     def _valid_models(cls, models: tuple[str, ...]) -> tuple[str, ...]:
         duplicates = sorted({m for m in models if models.count(m) > 1})
@@ -112,6 +134,37 @@ class ListenerConfig(_Strict):
         return EndpointConfig._ip_address(value)
 
 
+class ScorerWeights(_Strict):
+    """Exponents of each scorer in the weight formula (0 turns a scorer off); see the README."""
+
+    capacity: Annotated[float, Field(ge=0, le=10)] = 1.0
+    queue: Annotated[float, Field(ge=0, le=10)] = 2.0
+    kv_cache: Annotated[float, Field(ge=0, le=10)] = 2.0
+    running: Annotated[float, Field(ge=0, le=10)] = 0.0
+    prefix_cache: Annotated[float, Field(ge=0, le=10)] = 0.0
+
+
+class BalancingConfig(_Strict):
+    """GPU-aware balancing: scraping each pod's metrics and turning them into EDS weights."""
+
+    # How often every pod's /metrics is read, and how long one read may take.
+    scrape_interval_s: Annotated[float, Field(ge=0.05, le=60)] = 0.25
+    scrape_timeout_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    # A pod whose last good metrics are older than this leaves rotation until they resume.
+    stale_after_s: Annotated[float, Field(gt=0, le=600)] = 2.0
+    # When every pod of a pool is stale: keep routing on the last weights ("fail_open") or
+    # answer 503 ("fail_closed").
+    all_stale: Literal["fail_open", "fail_closed"] = "fail_open"
+    scorers: ScorerWeights = ScorerWeights()
+    # Relative serving capacity per hardware class (an endpoint's `hardware`); endpoints
+    # without one are sized from their KV-cache capacity (`cache_config_info`).
+    hardware_capacity: dict[Annotated[str, Field(min_length=1)], Annotated[float, Field(gt=0)]] = {}
+    # Smoothing of scores between scrapes (1 = no smoothing) and the bounded load factor
+    # of session affinity (a pod takes at most this multiple of the mean load).
+    smoothing: Annotated[float, Field(gt=0, le=1)] = 0.5
+    hash_balance_factor: Annotated[int, Field(ge=100, le=1000)] = 150
+
+
 class UpdatesConfig(_Strict):
     """How bursts of input changes are folded into one push (Istio uses 100 ms / 10 s)."""
 
@@ -124,6 +177,7 @@ class RoutingConfig(_Strict):
 
     listener: ListenerConfig = ListenerConfig()
     pools: Annotated[tuple[PoolConfig, ...], Field(min_length=1)]
+    balancing: BalancingConfig = BalancingConfig()
     updates: UpdatesConfig = UpdatesConfig()
 
     @model_validator(mode="after")
@@ -134,7 +188,7 @@ class RoutingConfig(_Strict):
             raise ValueError(f"pool names used twice: {', '.join(twice)}")
         owner: dict[str, str] = {}
         for pool in self.pools:
-            for model in pool.models:
+            for model in (*pool.models, *pool.adapters):
                 if model in owner:
                     raise ValueError(
                         f"model {model!r} is served by both pool {owner[model]!r} and {pool.name!r}"
@@ -143,8 +197,8 @@ class RoutingConfig(_Strict):
         return self
 
     def pool_of(self, model: str) -> PoolConfig | None:
-        """The pool serving `model`, or None when no pool does."""
-        return next((p for p in self.pools if model in p.models), None)
+        """The pool serving `model` (a model or a LoRA adapter), or None when no pool does."""
+        return next((p for p in self.pools if model in p.models or model in p.adapters), None)
 
 
 def parse_config(document: str | bytes, *, source: str = "config") -> RoutingConfig:

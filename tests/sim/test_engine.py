@@ -234,6 +234,14 @@ def test_lora_slots_are_respected_and_a_skipped_request_does_not_block_others() 
     a2_first = next(o for o in outcomes if "a2" in o.tokens)
     assert a2_first.adapters_loaded == ("a2",)
     assert engine.state().loaded_adapters == ("a2",)
+    # Two loads (a1, then a2); of the three adapter requests none found its adapter resident
+    # at its first schedule (a1's two were scheduled in the step that loaded a1).
+    state = engine.state()
+    assert (state.adapter_loads, state.adapter_requests, state.adapter_hits) == (2, 3, 0)
+    engine.add(request("a2-again", 4, 3, adapter="a2"))
+    run(engine, 100.0)
+    state = engine.state()
+    assert (state.adapter_loads, state.adapter_requests, state.adapter_hits) == (2, 4, 1)
 
 
 def test_lora_info_history_keeps_old_adapter_sets() -> None:

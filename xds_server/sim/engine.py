@@ -162,6 +162,11 @@ class EngineState:
     running_adapters: tuple[str, ...]
     waiting_adapters: tuple[str, ...]
     loaded_adapters: tuple[str, ...]
+    # LoRA adapter loads into a slot, requests with an adapter scheduled for the first
+    # time, and how many of those found their adapter already loaded.
+    adapter_loads: int
+    adapter_requests: int
+    adapter_hits: int
     queued_prefill_tokens: int
     running_context_tokens: int
     running_remaining_tokens: tuple[int, ...]
@@ -266,6 +271,7 @@ class Engine:
         self._running: list[_Seq] = []
         self._requests: dict[str, _Seq] = {}
         self._loaded: OrderedDict[str, None] = OrderedDict()
+        self._adapter_loads = self._adapter_requests = self._adapter_hits = 0
         self._now = -math.inf
         self._steps = 0
         self._prefix_queries = 0
@@ -503,6 +509,12 @@ class Engine:
         for seq, _ in scheduled:
             if seq.request.adapter is not None:
                 batch[seq.request.adapter] = None
+        for seq, _ in scheduled:
+            adapter = seq.request.adapter
+            if adapter is not None and seq.num_computed == 0 and not seq.resumed:
+                # A request's first schedule: did it find its adapter already resident?
+                self._adapter_requests += 1
+                self._adapter_hits += adapter in self._loaded
         loaded: list[str] = []
         for adapter in batch:
             if adapter in self._loaded:
@@ -513,6 +525,7 @@ class Engine:
                 del self._loaded[victim]
             self._loaded[adapter] = None
             loaded.append(adapter)
+        self._adapter_loads += len(loaded)
         return loaded
 
     def _advance(
@@ -649,6 +662,9 @@ class Engine:
             running_adapters=self._adapters(self._running),
             waiting_adapters=self._adapters(self._waiting),
             loaded_adapters=tuple(self._loaded),
+            adapter_loads=self._adapter_loads,
+            adapter_requests=self._adapter_requests,
+            adapter_hits=self._adapter_hits,
             queued_prefill_tokens=queued,
             running_context_tokens=context,
             running_remaining_tokens=tuple(sorted(s.remaining_output for s in self._running)),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -322,3 +323,19 @@ async def test_subprocess_failure_is_reported(tmp_path: Path) -> None:
         await run_replay_in_subprocess(
             tmp_path / "trace.jsonl", url="http://127.0.0.1:9", timeout_s=1, max_in_flight=1
         )
+
+
+async def test_prefix_group_requests_carry_a_prompt_cache_key(server: FakeServer) -> None:
+    base = trace_at([0.0, 0.01])
+    grouped = tuple(
+        dataclasses.replace(r, prefix_group=3 if r.index == 0 else None) for r in base.requests
+    )
+    await replay(
+        Trace(spec=base.spec, seed=0, requests=grouped),
+        url=server.url,
+        timeout_s=5,
+        max_in_flight=10,
+    )
+    bodies = sorted(server.arrivals, key=lambda a: a.body["user"])
+    assert bodies[0].body["prompt_cache_key"] == "prefix-3"
+    assert "prompt_cache_key" not in bodies[1].body

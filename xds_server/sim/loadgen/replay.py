@@ -256,6 +256,10 @@ class _Sender:
             body["stream_options"] = {"include_usage": True}
         if request.session is not None:
             body["user"] = request.session
+        if request.prefix_group is not None:
+            # What a client sharing a system prompt sets for cache-friendly routing (OpenAI's
+            # `prompt_cache_key`); the model server ignores it.
+            body["prompt_cache_key"] = f"prefix-{request.prefix_group}"
         body.update(self.extra_body)
         headers = {"content-type": "application/json", self.band_header: request.band}
         if request.session is not None:

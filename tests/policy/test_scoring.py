@@ -1,0 +1,115 @@
+"""The weight formula: capacity, saturation, smoothing, quantization, staleness."""
+
+from __future__ import annotations
+
+import pytest
+
+from xds_server.config import BalancingConfig, PoolConfig
+from xds_server.policy.scoring import MAX_WEIGHT, PodSignals, score_pool
+from xds_server.policy.state import Health
+
+POOL = PoolConfig.model_validate(
+    {
+        "name": "p",
+        "models": ["m"],
+        "endpoints": [{"address": "10.0.0.1", "port": 8000}, {"address": "10.0.0.2", "port": 8000}],
+    }
+)
+A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+SETTINGS = BalancingConfig(smoothing=1.0)
+
+
+def signals(**overrides: object) -> PodSignals:
+    fields: dict[str, object] = {
+        "age_s": 0.1,
+        "waiting": 0,
+        "running": 4,
+        "kv_usage": 0.3,
+        "kv_capacity_tokens": 80_000,
+    }
+    fields.update(overrides)
+    return PodSignals(**fields)  # type: ignore[arg-type]
+
+
+def weights(
+    pool_signals: dict[str, PodSignals], settings: BalancingConfig = SETTINGS, **kw: object
+) -> dict[str, tuple[int, Health]]:
+    scored = score_pool(
+        POOL, settings=settings, signals=pool_signals, memory=kw.pop("memory", {}), **kw
+    )  # type: ignore[arg-type]
+    return {f"{e.address}:{e.port}": (e.weight, e.health) for e in scored.state.endpoints}
+
+
+def test_identical_pods_get_identical_weights_despite_noise() -> None:
+    got = weights({A: signals(running=10, kv_usage=0.31), B: signals(running=11, kv_usage=0.33)})
+    assert got[A] == got[B] == (MAX_WEIGHT, Health.HEALTHY)
+
+
+def test_capacity_from_kv_cache_size() -> None:
+    got = weights({A: signals(kv_capacity_tokens=80_000), B: signals(kv_capacity_tokens=6_656)})
+    assert got[A][0] == MAX_WEIGHT
+    assert 60 <= got[B][0] <= 110  # about 1/12
+
+
+def test_capacity_from_hardware_class_wins() -> None:
+    pool = POOL.model_copy(
+        update={
+            "endpoints": tuple(
+                e.model_copy(update={"hardware": h})
+                for e, h in zip(POOL.endpoints, ["h100", "a10g"], strict=True)
+            )
+        }
+    )
+    settings = BalancingConfig(smoothing=1.0, hardware_capacity={"h100": 13.0, "a10g": 1.0})
+    scored = score_pool(pool, settings=settings, signals={A: signals(), B: signals()}, memory={})
+    a, b = scored.state.endpoints
+    assert a.weight == MAX_WEIGHT and 60 <= b.weight <= 90
+
+
+def test_queue_and_full_kv_cut_the_weight() -> None:
+    got = weights({A: signals(), B: signals(waiting=1)})
+    assert got[B][0] == pytest.approx(MAX_WEIGHT / 4, rel=0.15)
+    got = weights({A: signals(), B: signals(kv_usage=0.95)})
+    assert got[B][0] == pytest.approx(MAX_WEIGHT * 0.0625, rel=0.15)  # (0.25)^2
+
+
+def test_smoothing_moves_halfway() -> None:
+    settings = BalancingConfig(smoothing=0.5)
+    first = score_pool(POOL, settings=settings, signals={A: signals(), B: signals()}, memory={})
+    second = score_pool(
+        POOL, settings=settings, signals={A: signals(), B: signals(waiting=3)}, memory=first.memory
+    )
+    weight_b = second.state.endpoints[1].weight
+    # Raw score of B fell to 1/16; smoothed it is about half of the old one.
+    assert MAX_WEIGHT * 0.4 <= weight_b <= MAX_WEIGHT * 0.65
+
+
+def test_stale_pod_leaves_rotation_and_returns() -> None:
+    got = weights({A: signals(), B: signals(age_s=5.0)})
+    assert got[A][1] is Health.HEALTHY and got[B][1] is Health.UNHEALTHY
+    assert weights({A: signals(), B: signals(age_s=0.2)})[B][1] is Health.HEALTHY
+
+
+def test_all_stale_fails_open_or_closed() -> None:
+    stale = {A: signals(age_s=9), B: signals(age_s=9)}
+    memory = {A: 1.0, B: 0.25}
+    opened = weights(stale, memory=memory)
+    assert {h for _, h in opened.values()} == {Health.HEALTHY}
+    assert opened[A][0] > opened[B][0]  # the last weights stay
+    closed = weights(stale, BalancingConfig(smoothing=1.0, all_stale="fail_closed"), memory=memory)
+    assert {h for _, h in closed.values()} == {Health.UNHEALTHY}
+
+
+def test_unscraped_pod_gets_the_median_and_draining_is_marked() -> None:
+    got = weights({A: signals()}, draining=frozenset({B}))
+    assert got[B] == (MAX_WEIGHT, Health.DRAINING)
+
+
+def test_adapters_become_endpoint_state() -> None:
+    scored = score_pool(
+        POOL, settings=SETTINGS, signals={A: signals(adapters=("b", "a")), B: signals()}, memory={}
+    )
+    assert (
+        scored.state.endpoints[0].adapters == ("a", "b")
+        and scored.state.endpoints[1].adapters == ()
+    )

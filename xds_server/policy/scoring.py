@@ -1,0 +1,180 @@
+"""GPU-aware weights: from each pod's live metrics to its EDS weight and health.
+
+The slow loop of the design. Envoy's weighted least request picks, per request, the host
+with the best `weight / (active requests + 1)`: it already counts what is in flight, per
+request and without staleness. What it cannot see is how fast each pod serves and whether it
+is saturated. So a pod's weight is its relative serving capacity, discounted when its
+metrics say it is saturated:
+
+    score = capacity^c · (1 / (1 + waiting))^q · kv_headroom^k · (1 / (1 + running/slots))^r
+            · (0.5 + prefix_hit_rate)^p
+
+with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off):
+
+- capacity: the pod's serving capacity relative to the pool's largest, from its hardware
+  class (`balancing.hardware_capacity`) or else from its KV-cache size (vLLM's
+  `cache_config_info`): KV blocks track GPU memory and, within a model, throughput.
+- waiting: requests queued in the engine. One waiting request already means the pod is
+  full; with the default exponent 2 it quarters the weight.
+- kv_headroom: 1 up to 80% KV-cache use, then falling linearly to 0.05 at full: a pod that
+  is about to preempt should get less.
+- running / slots: in-flight requests relative to the pod's share of the pool's (default
+  exponent 0: Envoy's own in-flight count is fresher).
+- prefix_hit_rate: pods whose cache is serving hits (default exponent 0).
+
+Scores are smoothed (EWMA, `balancing.smoothing`) and scaled so the best pod gets
+MAX_WEIGHT; then quantized to a geometric ladder (steps of 15%) so that near-equal pods get
+exactly equal weights (Envoy then falls back to power-of-two-choices, the best policy for a
+uniform fleet) and small noise does not turn into EDS pushes or swings between Envoys.
+
+Health: a pod whose last good metrics are older than `stale_after_s` is UNHEALTHY (out of
+rotation) until they resume; a pod being shut down is DRAINING. When every pod of a pool is
+stale, `all_stale` decides: fail_open keeps them all HEALTHY on their last weights (a
+metrics outage should not become a serving outage), fail_closed marks them UNHEALTHY so
+Envoy answers 503. Pods never scraped yet get the median weight of the others.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
+
+from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
+from xds_server.policy.state import EndpointState, Health, PoolState
+
+__all__ = ["KV_KNEE", "MAX_WEIGHT", "PodSignals", "ScoredPool", "endpoint_id", "score_pool"]
+
+MAX_WEIGHT = 1000
+KV_KNEE = 0.8
+_KV_FLOOR = 0.05
+_LADDER = 1.15
+# The batch a pod of the largest capacity is assumed to run, for the running scorer.
+_REFERENCE_SLOTS = 32.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodSignals:
+    """What the policy needs from one pod's latest metrics (metrics/ produces them)."""
+
+    age_s: float
+    waiting: float
+    running: float
+    kv_usage: float | None = None
+    kv_capacity_tokens: int | None = None
+    adapters: tuple[str, ...] = ()
+    prefix_hit_rate: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScoredPool:
+    state: PoolState
+    # Smoothed scores by endpoint id, to pass back as `memory` next time.
+    memory: Mapping[str, float]
+
+
+def endpoint_id(endpoint: EndpointConfig) -> str:
+    return f"{endpoint.address}:{endpoint.port}"
+
+
+def _quantize(weight: float) -> int:
+    """The ladder step nearest `weight`: MAX_WEIGHT / 1.15^k for a whole k, at least 1."""
+    steps_down = round(math.log(MAX_WEIGHT / min(MAX_WEIGHT, max(weight, 1.0))) / math.log(_LADDER))
+    return max(1, round(MAX_WEIGHT / _LADDER**steps_down))
+
+
+def _capacities(
+    endpoints: tuple[EndpointConfig, ...],
+    signals: Mapping[str, PodSignals],
+    settings: BalancingConfig,
+) -> dict[str, float]:
+    """Relative capacity per endpoint (the largest is 1); unknown ones count as the largest."""
+    raw: dict[str, float | None] = {}
+    for endpoint in endpoints:
+        key = endpoint_id(endpoint)
+        if endpoint.hardware is not None and endpoint.hardware in settings.hardware_capacity:
+            raw[key] = settings.hardware_capacity[endpoint.hardware]
+        elif (s := signals.get(key)) is not None and s.kv_capacity_tokens:
+            raw[key] = float(s.kv_capacity_tokens)
+        else:
+            raw[key] = None
+    known = [v for v in raw.values() if v is not None]
+    top = max(known, default=1.0)
+    return {key: 1.0 if value is None else value / top for key, value in raw.items()}
+
+
+def _score(signals: PodSignals, capacity: float, settings: BalancingConfig) -> float:
+    weights = settings.scorers
+    kv = signals.kv_usage
+    kv_headroom = 1.0 if kv is None or kv <= KV_KNEE else max(_KV_FLOOR, (1 - kv) / (1 - KV_KNEE))
+    slots = max(1.0, capacity * _REFERENCE_SLOTS)
+    hit_rate = signals.prefix_hit_rate or 0.0
+    factors = (
+        (capacity, weights.capacity),
+        (1 / (1 + max(0.0, signals.waiting)), weights.queue),
+        (kv_headroom, weights.kv_cache),
+        (1 / (1 + max(0.0, signals.running) / slots), weights.running),
+        (0.5 + min(1.0, max(0.0, hit_rate)), weights.prefix_cache),
+    )
+    return float(math.prod(value**exponent for value, exponent in factors if exponent))
+
+
+def score_pool(
+    pool: PoolConfig,
+    *,
+    settings: BalancingConfig,
+    signals: Mapping[str, PodSignals],
+    memory: Mapping[str, float],
+    draining: Set[str] = frozenset(),
+) -> ScoredPool:
+    """The pool's endpoint states from its pods' `signals` (by endpoint id).
+
+    `memory` is the previous call's `ScoredPool.memory` (empty at first); `draining` lists
+    endpoints being shut down. Pure: the same inputs give the same output.
+    """
+    capacities = _capacities(pool.endpoints, signals, settings)
+    fresh = {
+        key: s
+        for key, s in signals.items()
+        if s.age_s <= settings.stale_after_s and key in capacities
+    }
+    all_stale = not fresh and any(endpoint_id(e) in signals for e in pool.endpoints)
+    scores: dict[str, float] = {}
+    for endpoint in pool.endpoints:
+        key = endpoint_id(endpoint)
+        if key in fresh:
+            raw = _score(fresh[key], capacities[key], settings)
+            previous = memory.get(key)
+            scores[key] = (
+                raw
+                if previous is None
+                else settings.smoothing * raw + (1 - settings.smoothing) * previous
+            )
+        elif key in memory:
+            scores[key] = memory[key]
+    median = statistics.median(scores.values()) if scores else 1.0
+    top = max(scores.values(), default=1.0) or 1.0
+    states = []
+    for endpoint in pool.endpoints:
+        key = endpoint_id(endpoint)
+        score = scores.get(key, median)
+        stale = key in signals and key not in fresh
+        if key in draining:
+            health = Health.DRAINING
+        elif stale and not (all_stale and settings.all_stale == "fail_open"):
+            health = Health.UNHEALTHY
+        else:
+            health = Health.HEALTHY
+        observed = signals.get(key)
+        states.append(
+            EndpointState(
+                address=endpoint.address,
+                port=endpoint.port,
+                weight=_quantize(MAX_WEIGHT * score / top),
+                health=health,
+                adapters=tuple(sorted(observed.adapters)) if observed is not None else (),
+                hardware=endpoint.hardware,
+            )
+        )
+    return ScoredPool(state=PoolState(name=pool.name, endpoints=tuple(states)), memory=scores)

@@ -1,0 +1,48 @@
+"""The desired state: what the policy decided Envoy should hold for every pool's endpoints.
+
+The policy (scoring.py) produces it from config, pod metrics and the time; the Envoy
+builders (xds_server/envoy) turn it into ClusterLoadAssignments. Frozen values, so a state
+can be compared with the last one and an unchanged pool costs nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["DesiredState", "EndpointState", "Health", "PoolState"]
+
+
+class Health(enum.Enum):
+    """An endpoint's EDS health: HEALTHY gets traffic, DRAINING finishes what it has and gets
+    nothing new (without counting against the pool's health), UNHEALTHY gets nothing."""
+
+    HEALTHY = "healthy"
+    DRAINING = "draining"
+    UNHEALTHY = "unhealthy"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointState:
+    address: str
+    port: int
+    # EDS load_balancing_weight, 1 .. MAX_WEIGHT (scoring.py).
+    weight: int
+    health: Health = Health.HEALTHY
+    # LoRA adapters the pod holds or is loading (endpoint metadata for subset routing).
+    adapters: tuple[str, ...] = ()
+    hardware: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolState:
+    name: str
+    endpoints: tuple[EndpointState, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class DesiredState:
+    """Endpoint state per pool name. A pool absent here takes its endpoints from config."""
+
+    pools: Mapping[str, PoolState] = field(default_factory=dict)
