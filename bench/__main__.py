@@ -34,7 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run scenarios x policies through a real Envoy")
     run.add_argument(
-        "--scenarios", default=",".join(DEFAULT_SCENARIOS), help="comma-separated, from " + ",".join(SCENARIOS)
+        "--scenarios",
+        default=",".join(DEFAULT_SCENARIOS),
+        help="comma-separated, from " + ",".join(SCENARIOS),
     )
     run.add_argument(
         "--policies", default=",".join(POLICIES), help="comma-separated subset of policies"
