@@ -18,7 +18,10 @@ import grpc
 from xds_server.admin import AdminServer, make_admin_app
 from xds_server.controller import Controller
 from xds_server.errors import ConfigError, XdsServerError
+from xds_server.metrics import MetricsStore, Scraper, ScrapeTelemetry
+from xds_server.pod_telemetry import PodCollector
 from xds_server.sources.config_file import watch_config_file
+from xds_server.sources.pod_metrics import PodMetricsSource
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.nodes import NodeRegistry
@@ -58,7 +61,18 @@ class XdsApplication:
         self.telemetry = Telemetry()
         self.cache = SnapshotCache()
         self.registry = NodeRegistry(self.telemetry)
-        self.controller = Controller(cache=self.cache, telemetry=self.telemetry)
+        scrape_telemetry = ScrapeTelemetry(self.telemetry.registry)
+        self.scraper = Scraper(
+            MetricsStore(),
+            on_update=lambda _pod_id: self.controller.metrics_changed(),
+            observe_error=scrape_telemetry.observe_error,
+            observe_scrape=scrape_telemetry.observe_scrape,
+        )
+        self.pods = PodMetricsSource(self.scraper)
+        self.controller = Controller(
+            cache=self.cache, telemetry=self.telemetry, signals=self.pods.signals
+        )
+        self.telemetry.registry.register(PodCollector(self.pods, self.controller))
         self._grpc: grpc.aio.Server | None = None
         self._admin = AdminServer(
             make_admin_app(
@@ -99,6 +113,7 @@ class XdsApplication:
         except RuntimeError as exc:
             raise OSError(f"Cannot bind the xDS gRPC server to {s.xds_host}:{s.xds_port}.") from exc
         await self._grpc.start()
+        await self.scraper.__aenter__()
         try:
             await self._admin.start()
         except OSError as exc:
@@ -135,6 +150,7 @@ class XdsApplication:
             if isinstance(item, ConfigError):
                 self.controller.reject(item)
             else:
+                self.pods.follow(item)
                 self.controller.submit(item)
 
     async def wait_ready(self, within_s: float = 10.0) -> None:
@@ -158,6 +174,7 @@ class XdsApplication:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.scraper.aclose()
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self._admin.stop()

@@ -88,6 +88,11 @@ class PoolConfig(_Strict):
     metrics_path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
     endpoints: tuple[EndpointConfig, ...] = ()
 
+    @property
+    def weights_from_metrics(self) -> bool:
+        """True when GPU-aware balancing sets the pool's weights (scraped least-request pools)."""
+        return self.balancing == "least_request" and self.gpu_aware
+
     @field_validator("models", "adapters")
     @classmethod
     def _valid_models(cls, models: tuple[str, ...]) -> tuple[str, ...]:

@@ -29,7 +29,9 @@ class ConfigFile:
         listener_port: int = 0,
         debounce_s: float = 0.02,
         balancing: str = "least_request",
+        gpu_aware: bool = False,
     ) -> None:
+        """Write the pools; `gpu_aware` is off by default: these backends have no /metrics."""
         document = {
             "listener": {"address": "127.0.0.1", "port": listener_port},
             "updates": {"debounce_s": debounce_s, "max_delay_s": 0.2},
@@ -37,6 +39,7 @@ class ConfigFile:
                 {
                     "name": name,
                     "balancing": balancing,
+                    "gpu_aware": gpu_aware,
                     "models": list(models),
                     "endpoints": [
                         {"address": b.host, "port": b.port, "weight": w} for b, w in endpoints

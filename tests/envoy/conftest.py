@@ -30,3 +30,32 @@ pools:
 @pytest.fixture
 def config() -> RoutingConfig:
     return parse_config(CONFIG_YAML)
+
+
+AFFINITY_YAML = """
+listener: {address: 127.0.0.1, port: 8080}
+balancing: {hash_balance_factor: 175}
+pools:
+  - name: llm
+    models: [base]
+    adapters: [lora-b, lora-a]
+    session_affinity: true
+    endpoints:
+      - {address: 10.0.0.2, port: 8000, hardware: h100}
+      - {address: 10.0.0.1, port: 8000}
+  - name: rr
+    balancing: round_robin
+    models: [rr-model]
+    adapters: [rr-lora]
+  - name: plain
+    models: [plain-model]
+    endpoints:
+      - {address: 10.0.1.1, port: 9000}
+"""
+
+
+@pytest.fixture
+def affinity_config() -> RoutingConfig:
+    """Pools with LoRA adapters and session affinity (`llm`), adapters only (`rr`, round
+    robin) and neither (`plain`)."""
+    return parse_config(AFFINITY_YAML)

@@ -1,12 +1,29 @@
 from __future__ import annotations
 
+from typing import Any
+
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
+from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
+from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
 
 from xds_server.config import RoutingConfig
-from xds_server.envoy import build_clusters, build_endpoints, names
-from xds_server.envoy.clusters import LEAST_REQUEST_POLICY, ROUND_ROBIN_POLICY
+from xds_server.envoy import (
+    build_cluster,
+    build_clusters,
+    build_endpoints,
+    build_session_cluster,
+    names,
+)
+from xds_server.envoy.clusters import (
+    LEAST_REQUEST_POLICY,
+    RING_HASH_POLICY,
+    ROUND_ROBIN_POLICY,
+    SUBSET_POLICY,
+)
+from xds_server.xds.resources import ResourceType
+from xds_server.xds.snapshot import Snapshot
 
 
 def test_one_eds_cluster_per_pool(config: RoutingConfig) -> None:
@@ -66,3 +83,82 @@ def test_round_robin_when_asked(config: RoutingConfig) -> None:
     [policy] = cluster.load_balancing_policy.policies
     assert policy.typed_extension_config.name == ROUND_ROBIN_POLICY
     assert policy.typed_extension_config.typed_config.Unpack(round_robin_pb2.RoundRobin())
+
+
+def _policy_of(cluster: Any) -> Any:
+    (policy,) = cluster.load_balancing_policy.policies
+    return policy.typed_extension_config
+
+
+def _subset_of(cluster: Any) -> tuple[Any, Any]:
+    """The subset balancer's config and its child policy (a TypedExtensionConfig)."""
+    policy = _policy_of(cluster)
+    assert policy.name == SUBSET_POLICY
+    subset = subset_pb2.Subset()
+    assert policy.typed_config.Unpack(subset)
+    (child,) = subset.subset_lb_policy.policies
+    return subset, child.typed_extension_config
+
+
+def test_panic_mode_is_off_on_every_cluster(affinity_config: RoutingConfig) -> None:
+    # Envoy's default (50%) would spread traffic over unhealthy hosts when most are.
+    for cluster in [*build_clusters(affinity_config), *build_clusters(_plain())]:
+        assert cluster.common_lb_config.HasField("healthy_panic_threshold"), cluster.name
+        assert cluster.common_lb_config.healthy_panic_threshold.value == 0.0
+
+
+def test_clusters_in_pool_order_with_session_clusters(affinity_config: RoutingConfig) -> None:
+    clusters = build_clusters(affinity_config)
+    assert [c.name for c in clusters] == ["llm", "llm/session", "rr", "plain"]
+    assert [c.eds_cluster_config.service_name for c in clusters] == ["llm", "llm", "rr", "plain"]
+    assert names.session_cluster_name("llm") == "llm/session"
+
+
+def test_a_pool_with_adapters_balances_within_subsets(affinity_config: RoutingConfig) -> None:
+    by_name = {c.name: c for c in build_clusters(affinity_config)}
+    for pool, child_name in [("llm", LEAST_REQUEST_POLICY), ("rr", ROUND_ROBIN_POLICY)]:
+        subset, child = _subset_of(by_name[pool])
+        (selector,) = subset.subset_selectors
+        assert list(selector.keys) == [names.LORA_KEY]
+        assert subset.list_as_any
+        assert subset.fallback_policy == subset_pb2.Subset.ANY_ENDPOINT
+        assert child.name == child_name
+    # A pool without adapters keeps the plain policy.
+    assert _policy_of(by_name["plain"]).name == LEAST_REQUEST_POLICY
+
+
+def test_the_session_cluster_hashes_with_bounded_load(affinity_config: RoutingConfig) -> None:
+    pool = affinity_config.pools[0]
+    session = build_session_cluster(affinity_config, pool)
+    assert session.name == "llm/session"
+    assert session.type == cluster_pb2.Cluster.EDS
+    assert session.eds_cluster_config.service_name == "llm"
+    assert session.connect_timeout == build_cluster(affinity_config, pool).connect_timeout
+    # The pool has adapters, so the ring sits inside the subset balancer too.
+    _, child = _subset_of(session)
+    assert child.name == RING_HASH_POLICY
+    ring = ring_hash_pb2.RingHash()
+    assert child.typed_config.Unpack(ring)
+    assert ring.consistent_hashing_lb_config.hash_balance_factor.value == 175
+    # Without adapters: the ring itself.
+    no_adapters = pool.model_copy(update={"adapters": ()})
+    policy = _policy_of(build_session_cluster(affinity_config, no_adapters))
+    assert policy.name == RING_HASH_POLICY
+    assert policy.typed_config.Unpack(ring)
+    assert ring.consistent_hashing_lb_config.hash_balance_factor.value == 175
+
+
+def test_every_cluster_has_its_assignment(affinity_config: RoutingConfig) -> None:
+    # The xDS snapshot refuses a cluster whose ClusterLoadAssignment is missing.
+    snapshot = Snapshot.build(
+        {
+            ResourceType.CLUSTER: build_clusters(affinity_config),
+            ResourceType.ENDPOINT: build_endpoints(affinity_config),
+        }
+    )
+    assert snapshot.names(ResourceType.CLUSTER) == {"llm", "llm/session", "rr", "plain"}
+    assert snapshot.names(ResourceType.ENDPOINT) == {"llm", "rr", "plain"}
+
+
+def _plain() -> RoutingConfig:
+    return RoutingConfig.model_validate({"pools": [{"name": "p", "models": ["m"]}]})

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -13,6 +14,7 @@ from xds_server.config import RoutingConfig
 from xds_server.envoy import build_listeners, names
 from xds_server.envoy.listeners import (
     HCM_FILTER,
+    HEADER_MUTATION_FILTER,
     JSON_CONTENT_TYPES,
     JSON_TO_METADATA_FILTER,
     ROUTER_FILTER,
@@ -102,3 +104,40 @@ def test_building_is_deterministic(config: RoutingConfig) -> None:
     first = build_listeners(config)[0].SerializeToString(deterministic=True)
     second = build_listeners(config)[0].SerializeToString(deterministic=True)
     assert first == second
+
+
+def test_session_affinity_adds_the_session_key_and_header_mutation(
+    affinity_config: RoutingConfig,
+) -> None:
+    hcm = hcm_of(build_listeners(affinity_config)[0])
+    assert [f.name for f in hcm.http_filters] == [
+        JSON_TO_METADATA_FILTER,
+        HEADER_MUTATION_FILTER,
+        ROUTER_FILTER,
+    ]
+    # No mutations of its own: the session routes configure it (test_build_routes.py).
+    mutation = header_mutation_pb2.HeaderMutation()
+    assert hcm.http_filters[1].typed_config.Unpack(mutation)
+    assert mutation == header_mutation_pb2.HeaderMutation()
+    jtm = json_to_metadata_pb2.JsonToMetadata()
+    assert hcm.http_filters[0].typed_config.Unpack(jtm)
+    model_rule, *session_rules = jtm.request_rules.rules
+    assert [s.key for s in model_rule.selectors] == [names.MODEL_KEY]
+    # A later write to the same key wins: `user` first, so `prompt_cache_key` wins.
+    assert [[s.key for s in r.selectors] for r in session_rules] == [["user"], ["prompt_cache_key"]]
+    assert names.SESSION_BODY_KEYS == ("prompt_cache_key", "user")
+    for rule in session_rules:
+        assert rule.on_present.metadata_namespace == names.METADATA_NAMESPACE
+        assert rule.on_present.key == names.SESSION_KEY
+        # Strings: a numeric `user` becomes its digits and an empty one writes nothing.
+        assert rule.on_present.type == json_to_metadata_pb2.JsonToMetadata.STRING
+        assert not rule.on_present.HasField("value")
+        assert not rule.HasField("on_missing") and not rule.HasField("on_error")
+
+
+def test_without_session_affinity_the_filters_stay_as_they_were(
+    affinity_config: RoutingConfig,
+) -> None:
+    pools = tuple(p.model_copy(update={"session_affinity": False}) for p in affinity_config.pools)
+    hcm = hcm_of(build_listeners(affinity_config.model_copy(update={"pools": pools}))[0])
+    assert [f.name for f in hcm.http_filters] == [JSON_TO_METADATA_FILTER, ROUTER_FILTER]

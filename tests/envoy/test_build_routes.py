@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 
 from xds_server.config import RoutingConfig
 from xds_server.envoy import build_routes, names
+from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
+from xds_server.envoy.routes import MAX_SESSION_KEY_CHARS, SESSION_KEY_REGEX
 
 
 def _routes(config: RoutingConfig) -> list[Any]:
@@ -168,3 +172,115 @@ def test_a_model_name_that_cannot_be_a_header_value_is_refused(config: RoutingCo
     pool = config.pools[0].model_copy(update={"models": ("bad\nname",)})
     with pytest.raises(ValueError, match="CR, LF or NUL"):
         build_routes(config.model_copy(update={"pools": (pool, *config.pools[1:])}))
+
+
+def test_affinity_route_order(affinity_config: RoutingConfig) -> None:
+    def per_model(kind: str, model: str) -> list[str]:
+        return [f"session-{kind}/{model}", f"session-key-{kind}/{model}", f"{kind}/{model}"]
+
+    expected = []
+    for kind in ("model", "header"):
+        for model in ("base", "lora-b", "lora-a"):
+            expected += per_model(kind, model)
+        expected += [f"{kind}/rr-model", f"{kind}/rr-lora", f"{kind}/plain-model"]
+    names_ = [r.name for r in _routes(affinity_config)]
+    assert names_[: len(expected)] == expected
+    assert names_[len(expected) :] == [r.name for r in _routes(affinity_config)[-6:]]
+    assert names_[-1] == "unrouted"
+
+
+def test_adapter_routes_ask_for_the_adapters_subset(affinity_config: RoutingConfig) -> None:
+    by_name = {r.name: r for r in _routes(affinity_config)}
+    for name in (
+        "model/lora-a",
+        "header/lora-a",
+        "session-model/lora-a",
+        "session-key-header/lora-a",
+    ):
+        criteria = by_name[name].route.metadata_match.filter_metadata
+        assert dict(criteria) == {
+            names.LB_METADATA_NAMESPACE: criteria[names.LB_METADATA_NAMESPACE]
+        }
+        assert dict(criteria[names.LB_METADATA_NAMESPACE]) == {names.LORA_KEY: "lora-a"}
+    assert _metadata_value(by_name["model/lora-a"]).string_match.exact == "lora-a"
+    assert by_name["model/lora-a"].route.cluster == "llm"
+    assert by_name["model/rr-lora"].route.metadata_match.filter_metadata[
+        names.LB_METADATA_NAMESPACE
+    ][names.LORA_KEY] == ("rr-lora")
+    # Models are not adapters: no subset asked for, the fallback balances the whole pool.
+    for name in ("model/base", "session-model/base", "model/plain-model"):
+        assert not by_name[name].route.HasField("metadata_match"), name
+
+
+def test_session_routes(affinity_config: RoutingConfig) -> None:
+    by_name = {r.name: r for r in _routes(affinity_config)}
+    by_header = by_name["session-model/base"]
+    by_body = by_name["session-key-model/base"]
+    plain = by_name["model/base"]
+    for route in (by_header, by_body):
+        assert route.route.cluster == "llm/session"
+        (hash_policy,) = route.route.hash_policy
+        assert hash_policy.header.header_name == names.SESSION_HEADER
+        assert route.route.timeout == plain.route.timeout
+        assert route.request_headers_to_add == plain.request_headers_to_add
+    # a. The client's own non-empty header.
+    (model_matcher,) = by_header.match.dynamic_metadata
+    assert model_matcher.value.string_match.exact == "base"
+    (header,) = by_header.match.headers
+    assert header.name == names.SESSION_HEADER
+    assert header.string_match.safe_regex.regex == "(?s).+"
+    assert not by_header.typed_per_filter_config
+    # b. The body's key, when it can be a header value; written into the header per route.
+    model_matcher, key_matcher = by_body.match.dynamic_metadata
+    assert model_matcher.value.string_match.exact == "base"
+    assert key_matcher.filter == names.METADATA_NAMESPACE
+    assert [p.key for p in key_matcher.path] == [names.SESSION_KEY]
+    assert key_matcher.value.string_match.safe_regex.regex == SESSION_KEY_REGEX
+    per_route = header_mutation_pb2.HeaderMutationPerRoute()
+    assert by_body.typed_per_filter_config[HEADER_MUTATION_FILTER].Unpack(per_route)
+    (mutation,) = per_route.mutations.request_mutations
+    assert mutation.append.header.key == names.SESSION_HEADER
+    assert mutation.append.header.value == (
+        f"%DYNAMIC_METADATA(llm:{names.SESSION_KEY}):{MAX_SESSION_KEY_CHARS}%"
+    )
+    assert mutation.append.append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+    # c. Without a key: the pool's own cluster, no hashing.
+    assert plain.route.cluster == "llm"
+    assert not plain.route.hash_policy and not plain.typed_per_filter_config
+    # Header variants match the model header instead of the body's model.
+    header_variant = by_name["session-header/base"]
+    assert header_variant.route.cluster == "llm/session"
+    assert [h.name for h in header_variant.match.headers] == [
+        affinity_config.listener.model_header,
+        names.SESSION_HEADER,
+    ]
+    (model_matcher,) = header_variant.match.dynamic_metadata
+    assert model_matcher.value.string_match.exact == names.MODEL_MISSING
+
+
+def test_session_key_regex() -> None:
+    # RE2 matches the whole value; Python's re agrees on these.
+    for accepted in ("conv-1", "42", "user@example.com", "é" * 3, "a b"):
+        assert re.fullmatch(SESSION_KEY_REGEX, accepted), accepted
+    for refused in ("", "a\nb", "a\r\nx-injected: 1", "a\x00", "tab\there", "del\x7f"):
+        assert not re.fullmatch(SESSION_KEY_REGEX, refused), refused
+
+
+def test_pools_without_affinity_route_as_before(config: RoutingConfig) -> None:
+    for route in _routes(config):
+        assert not route.name.startswith("session"), route.name
+        if route.HasField("route"):
+            assert not route.route.hash_policy
+            assert not route.route.HasField("metadata_match")
+
+
+@pytest.mark.parametrize("sentinel", sorted(names.SENTINELS))
+def test_an_adapter_named_like_a_sentinel_is_refused(
+    affinity_config: RoutingConfig, sentinel: str
+) -> None:
+    # The config refuses these names already; the builder does not rely on it.
+    pool = affinity_config.pools[0].model_construct(
+        **{**dict(affinity_config.pools[0]), "adapters": (sentinel,)}
+    )
+    with pytest.raises(ValueError, match="reserved"):
+        build_routes(affinity_config.model_copy(update={"pools": (pool,)}))

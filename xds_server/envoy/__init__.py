@@ -1,4 +1,4 @@
-"""Pure: a RoutingConfig in, Envoy v3 resources (xds-protos messages) out.
+"""Pure: a RoutingConfig (and the policy's DesiredState) in, Envoy v3 resources out.
 
 No I/O here, and nothing from the xDS server, grpc or aiohttp (import-linter checks
 it): the same config always gives the same messages, so they can be serialized once,
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from xds_server.envoy import names
 from xds_server.envoy.bootstrap import render_bootstrap
-from xds_server.envoy.clusters import build_cluster, build_clusters, build_endpoints
+from xds_server.envoy.clusters import build_cluster, build_clusters, build_session_cluster
+from xds_server.envoy.endpoints import build_endpoints
 from xds_server.envoy.listeners import build_http_connection_manager, build_listeners
 from xds_server.envoy.routes import build_routes
 
@@ -20,6 +21,7 @@ __all__ = [
     "build_http_connection_manager",
     "build_listeners",
     "build_routes",
+    "build_session_cluster",
     "names",
     "render_bootstrap",
 ]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any as _Any
 
-from google.protobuf import any_pb2, duration_pb2  # type: ignore[import-untyped, unused-ignore]
+from google.protobuf import any_pb2, duration_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
-__all__ = ["duration", "pack"]
+__all__ = ["duration", "pack", "uint32"]
 
 
 def pack(message: _Any) -> _Any:
@@ -20,3 +20,8 @@ def duration(seconds: float) -> _Any:
     """A `google.protobuf.Duration` of `seconds`, to the microsecond."""
     micros = round(seconds * 1_000_000)
     return duration_pb2.Duration(seconds=micros // 1_000_000, nanos=(micros % 1_000_000) * 1000)
+
+
+def uint32(value: int) -> _Any:
+    """A `google.protobuf.UInt32Value` (for optional integer fields)."""
+    return wrappers_pb2.UInt32Value(value=value)

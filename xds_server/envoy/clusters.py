@@ -1,12 +1,31 @@
-"""One EDS cluster per pool, and the endpoints (ClusterLoadAssignments) that fill them.
+"""The EDS clusters of every pool: how Envoy picks an endpoint for each request.
 
-Clusters change rarely (a pool added or removed); endpoints and their weights change
-often. Keeping endpoints in EDS means a weight update is one small
+Clusters change rarely (a pool added, removed or re-tuned); endpoints and their weights
+change often and live in EDS (endpoints.py), so a weight update is one small
 ClusterLoadAssignment: no cluster rebuild, no connection churn, in-flight requests finish.
 
-Balancing is Envoy's weighted least request: with unequal weights it picks hosts by
-`weight / (active_requests + 1)`, so the slow loop (this server) sets weights from GPU
-metrics while the fast loop (Envoy) reacts per request to what is in flight.
+Per pool, one cluster named after it:
+
+- Weighted least request (or round robin when the pool asks for it). With unequal weights
+  Envoy picks hosts by `weight / (active_requests + 1)`, so the slow loop (this server)
+  sets weights from GPU metrics while the fast loop (Envoy) reacts per request to what is
+  in flight.
+- `healthy_panic_threshold` 0. By default, when under 50% of a pool's hosts are healthy
+  Envoy "panics" and spreads traffic over all hosts, unhealthy ones included: with GPU
+  pods, the ones the policy took out (stale metrics) would get traffic exactly when most
+  of the pool is in trouble. 0 turns panic off: only healthy hosts, or a 503 when none is.
+- A pool with LoRA `adapters` wraps the policy in the subset load balancer: endpoint
+  metadata `envoy.lb: {lora: [adapters held]}` (endpoints.py) with `list_as_any` makes
+  one subset per adapter; a route for adapter A asks for `lora == A` (routes.py) and gets
+  A's holders, balanced by the same child policy. When no healthy pod holds A, or a
+  request names no adapter, the fallback ANY_ENDPOINT balances over the whole pool.
+
+A pool with `session_affinity` gets a second cluster, names.session_cluster_name(pool), on
+the same ClusterLoadAssignment (`service_name` = the pool), so both see the same
+endpoints, weights and health: ring hash on the route's hash policy (the session key),
+with bounded load (`hash_balance_factor`): a host already over that multiple of the mean
+in-flight load is skipped for the next one on the ring, so a hot session spills over
+instead of piling onto one GPU. Requests without a session key never reach it.
 """
 
 from __future__ import annotations
@@ -14,36 +33,72 @@ from __future__ import annotations
 from typing import Any as _Any
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.core.v3 import address_pb2, config_source_pb2, extension_pb2
-from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.config.core.v3 import config_source_pb2, extension_pb2
+from envoy.extensions.load_balancing_policies.common.v3 import common_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
+from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
-from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
+from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
+from envoy.type.v3 import percent_pb2
 
-from xds_server.config import EndpointConfig, PoolConfig, RoutingConfig
+from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.envoy import _protos, names
+from xds_server.envoy.endpoints import build_endpoints
 
 __all__ = [
     "LEAST_REQUEST_POLICY",
+    "RING_HASH_POLICY",
     "ROUND_ROBIN_POLICY",
+    "SUBSET_POLICY",
     "build_cluster",
     "build_clusters",
     "build_endpoints",
+    "build_session_cluster",
 ]
 
 LEAST_REQUEST_POLICY = "envoy.load_balancing_policies.least_request"
 ROUND_ROBIN_POLICY = "envoy.load_balancing_policies.round_robin"
+RING_HASH_POLICY = "envoy.load_balancing_policies.ring_hash"
+SUBSET_POLICY = "envoy.load_balancing_policies.subset"
 
 
 def build_clusters(config: RoutingConfig) -> list[_Any]:
-    """One EDS cluster per pool, in config order, named names.cluster_name(pool)."""
-    return [build_cluster(config, pool) for pool in config.pools]
+    """Per pool in config order: its cluster, then its session cluster if it has affinity."""
+    clusters = []
+    for pool in config.pools:
+        clusters.append(build_cluster(config, pool))
+        if pool.session_affinity:
+            clusters.append(build_session_cluster(config, pool))
+    return clusters
 
 
 def build_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
-    """The EDS cluster of `pool`; its endpoints come from build_endpoints over ADS."""
+    """The EDS cluster of `pool`, named names.cluster_name(pool): weighted least request
+    (or round robin), inside a subset balancer when the pool has LoRA adapters."""
+    return _eds_cluster(config, pool, names.cluster_name(pool.name), _balancing(pool))
+
+
+def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
+    """The session-affinity cluster of `pool`, named names.session_cluster_name(pool):
+    ring hash with bounded load on the pool's own ClusterLoadAssignment."""
+    ring_hash = extension_pb2.TypedExtensionConfig(
+        name=RING_HASH_POLICY,
+        typed_config=_protos.pack(
+            ring_hash_pb2.RingHash(
+                consistent_hashing_lb_config=common_pb2.ConsistentHashingLbConfig(
+                    hash_balance_factor=_protos.uint32(config.balancing.hash_balance_factor)
+                )
+            )
+        ),
+    )
+    return _eds_cluster(
+        config, pool, names.session_cluster_name(pool.name), _subset(pool, ring_hash)
+    )
+
+
+def _eds_cluster(config: RoutingConfig, pool: PoolConfig, name: str, policy: _Any) -> _Any:
     return cluster_pb2.Cluster(
-        name=names.cluster_name(pool.name),
+        name=name,
         type=cluster_pb2.Cluster.EDS,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
             eds_config=config_source_pb2.ConfigSource(
@@ -54,52 +109,48 @@ def build_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
         ),
         connect_timeout=_protos.duration(config.listener.connect_timeout_s),
         load_balancing_policy=cluster_pb2.LoadBalancingPolicy(
-            policies=[cluster_pb2.LoadBalancingPolicy.Policy(typed_extension_config=_policy(pool))]
+            policies=[cluster_pb2.LoadBalancingPolicy.Policy(typed_extension_config=policy)]
+        ),
+        # Never spread traffic to hosts the policy took out of rotation (module docstring).
+        common_lb_config=cluster_pb2.Cluster.CommonLbConfig(
+            healthy_panic_threshold=percent_pb2.Percent(value=0.0)
         ),
         # Upstreams speak HTTP/1.1, Envoy's default: every OpenAI-compatible model
         # server does, and SSE needs nothing more.
     )
 
 
-def _policy(pool: PoolConfig) -> _Any:
+def _balancing(pool: PoolConfig) -> _Any:
     if pool.balancing == "round_robin":
-        return extension_pb2.TypedExtensionConfig(
+        child = extension_pb2.TypedExtensionConfig(
             name=ROUND_ROBIN_POLICY, typed_config=_protos.pack(round_robin_pb2.RoundRobin())
         )
-    return extension_pb2.TypedExtensionConfig(
-        name=LEAST_REQUEST_POLICY,
-        # Defaults: 2 choices when weights are equal, active_request_bias 1.
-        typed_config=_protos.pack(least_request_pb2.LeastRequest()),
-    )
-
-
-def build_endpoints(config: RoutingConfig) -> list[_Any]:
-    """One ClusterLoadAssignment per pool, in config order, even for a pool with no
-    endpoints (an empty assignment is how EDS says "none": the cluster finishes warming
-    and answers 503 instead of waiting for endpoints)."""
-    return [
-        endpoint_pb2.ClusterLoadAssignment(
-            cluster_name=names.eds_service_name(pool.name),
-            endpoints=[
-                endpoint_components_pb2.LocalityLbEndpoints(
-                    lb_endpoints=[_lb_endpoint(e) for e in pool.endpoints]
-                )
-            ]
-            if pool.endpoints
-            else [],
+    else:
+        child = extension_pb2.TypedExtensionConfig(
+            name=LEAST_REQUEST_POLICY,
+            # Defaults: 2 choices when weights are equal, active_request_bias 1.
+            typed_config=_protos.pack(least_request_pb2.LeastRequest()),
         )
-        for pool in config.pools
-    ]
+    return _subset(pool, child)
 
 
-def _lb_endpoint(endpoint: EndpointConfig) -> _Any:
-    return endpoint_components_pb2.LbEndpoint(
-        endpoint=endpoint_components_pb2.Endpoint(
-            address=address_pb2.Address(
-                socket_address=address_pb2.SocketAddress(
-                    address=endpoint.address, port_value=endpoint.port
-                )
+def _subset(pool: PoolConfig, child: _Any) -> _Any:
+    """`child` as is, or inside the subset balancer by LoRA adapter when the pool has any."""
+    if not pool.adapters:
+        return child
+    subset = subset_pb2.Subset
+    return extension_pb2.TypedExtensionConfig(
+        name=SUBSET_POLICY,
+        typed_config=_protos.pack(
+            subset(
+                subset_selectors=[subset.LbSubsetSelector(keys=[names.LORA_KEY])],
+                # `lora` is a list: each element makes (or joins) a subset of its own.
+                list_as_any=True,
+                # A request naming no adapter, or one no healthy pod holds: the whole pool.
+                fallback_policy=subset.ANY_ENDPOINT,
+                subset_lb_policy=cluster_pb2.LoadBalancingPolicy(
+                    policies=[cluster_pb2.LoadBalancingPolicy.Policy(typed_extension_config=child)]
+                ),
             )
         ),
-        load_balancing_weight=wrappers_pb2.UInt32Value(value=endpoint.weight),
     )

@@ -1,14 +1,21 @@
 """The listener that accepts OpenAI-style traffic.
 
-One listener, one HTTP connection manager (HCM), two HTTP filters:
+One listener, one HTTP connection manager (HCM), and its HTTP filters:
 
 1. `envoy.filters.http.json_to_metadata` reads the request body's `model` into dynamic
    metadata `llm:model`, which the routes match (routes.py). It buffers the body, which
    is why the route config raises the body buffer limit. It clears the route cache only
    when it writes a key, so `on_missing` and `on_error` always write a sentinel
    (names.MODEL_MISSING, names.MODEL_INVALID): otherwise a request without `model`
-   would keep the route picked from its headers alone.
-2. `envoy.filters.http.router` forwards; responses are never buffered (no buffer or
+   would keep the route picked from its headers alone. When a pool has session affinity
+   it also writes the body's session key into `llm:session_key`: `prompt_cache_key`, or
+   `user` when there is no `prompt_cache_key` (rules run in order and a later write to the
+   same key wins, so `user` comes first). As strings (a number becomes its digits); an
+   empty string, an object or a value over Envoy's 8 KiB limit writes nothing.
+2. Only with session affinity: `envoy.filters.http.header_mutation`, with no mutations of
+   its own. The session routes give it one each (per-route config) that writes the body's
+   session key into names.SESSION_HEADER for their hash policy (routes.py).
+3. `envoy.filters.http.router` forwards; responses are never buffered (no buffer or
    compressor filter), so server-sent events reach the client chunk by chunk.
 
 Routes come over RDS on the ADS stream, so a route change never touches the listener
@@ -22,6 +29,7 @@ from typing import Any as _Any
 from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -35,6 +43,7 @@ from xds_server.envoy import _errors, _protos, names
 
 __all__ = [
     "HCM_FILTER",
+    "HEADER_MUTATION_FILTER",
     "JSON_CONTENT_TYPES",
     "JSON_TO_METADATA_FILTER",
     "ROUTER_FILTER",
@@ -44,6 +53,8 @@ __all__ = [
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 JSON_TO_METADATA_FILTER = "envoy.filters.http.json_to_metadata"
+# Present only when a pool has session affinity; the session routes configure it.
+HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
 ROUTER_FILTER = "envoy.filters.http.router"
 
 # RE2, matched against the whole content-type. Without it json_to_metadata accepts only
@@ -95,37 +106,66 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
         # The request-wide timeout is per route (routes.py); this one only resets streams
         # that go quiet in both directions, so a long generation that streams survives.
         stream_idle_timeout=_protos.duration(listen.stream_idle_timeout_s),
-        http_filters=[
-            hcm_pb2.HttpFilter(
-                name=JSON_TO_METADATA_FILTER, typed_config=_protos.pack(_json_to_metadata())
-            ),
-            hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_protos.pack(router_pb2.Router())),
-        ],
+        http_filters=_http_filters(sessions=any(p.session_affinity for p in config.pools)),
         local_reply_config=_local_replies(config),
     )
 
 
-def _json_to_metadata() -> _Any:
+def _http_filters(*, sessions: bool) -> list[_Any]:
+    filters = [
+        hcm_pb2.HttpFilter(
+            name=JSON_TO_METADATA_FILTER, typed_config=_protos.pack(_json_to_metadata(sessions))
+        )
+    ]
+    if sessions:
+        filters.append(
+            hcm_pb2.HttpFilter(
+                name=HEADER_MUTATION_FILTER,
+                # Mutations come per route, on the session routes only (routes.py).
+                typed_config=_protos.pack(header_mutation_pb2.HeaderMutation()),
+            )
+        )
+    filters.append(
+        hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_protos.pack(router_pb2.Router()))
+    )
+    return filters
+
+
+def _json_to_metadata(sessions: bool) -> _Any:
     jtm = json_to_metadata_pb2.JsonToMetadata
 
-    def write(value: str | None) -> _Any:
+    def write(key: str, value: str | None = None) -> _Any:
         # PROTOBUF_VALUE (the default type) keeps the JSON type of `model`, so a number or
         # a boolean is not silently turned into a string that could name a model.
-        pair = jtm.KeyValuePair(metadata_namespace=names.METADATA_NAMESPACE, key=names.MODEL_KEY)
+        pair = jtm.KeyValuePair(metadata_namespace=names.METADATA_NAMESPACE, key=key)
         if value is not None:
             pair.value.CopyFrom(struct_pb2.Value(string_value=value))
         return pair
 
+    rules = [
+        jtm.Rule(
+            selectors=[jtm.Selector(key=names.MODEL_KEY)],
+            on_present=write(names.MODEL_KEY),
+            on_missing=write(names.MODEL_KEY, names.MODEL_MISSING),
+            on_error=write(names.MODEL_KEY, names.MODEL_INVALID),
+        )
+    ]
+    if sessions:
+        # Written only when present (no on_missing): the session routes match on it.
+        rules += [
+            jtm.Rule(
+                selectors=[jtm.Selector(key=key)],
+                on_present=jtm.KeyValuePair(
+                    metadata_namespace=names.METADATA_NAMESPACE,
+                    key=names.SESSION_KEY,
+                    type=jtm.STRING,
+                ),
+            )
+            for key in reversed(names.SESSION_BODY_KEYS)
+        ]
     return jtm(
         request_rules=jtm.MatchRules(
-            rules=[
-                jtm.Rule(
-                    selectors=[jtm.Selector(key=names.MODEL_KEY)],
-                    on_present=write(None),
-                    on_missing=write(names.MODEL_MISSING),
-                    on_error=write(names.MODEL_INVALID),
-                )
-            ],
+            rules=rules,
             allow_content_types_regex=regex_pb2.RegexMatcher(regex=JSON_CONTENT_TYPES),
             # A request without a body (GET /v1/models) usually has no content-type: let
             # it count as "no model" so the model header can still route it.

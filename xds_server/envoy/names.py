@@ -7,15 +7,22 @@ builders, the xDS server and the tests cannot drift apart.
 
 A pool's cluster and its ClusterLoadAssignment are both named after the pool: pool names
 are validated DNS-like labels (`config.Name`), so they are valid cluster names, unique,
-and readable in `/clusters` and in stats (`cluster.<pool>.upstream_rq_active`).
+and readable in `/clusters` and in stats (`cluster.<pool>.upstream_rq_active`). A pool with
+session affinity has a second cluster, `<pool>/session`, on the same assignment: `/` cannot
+occur in a pool name, so it never collides with another pool's cluster, and Envoy's stats
+keep it whole (`cluster.<pool>/session.upstream_rq_total`; the Prometheus tag
+`envoy_cluster_name` is `<pool>/session`).
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ERROR_TYPE",
+    "HARDWARE_KEY",
     "HCM_STAT_PREFIX",
+    "LB_METADATA_NAMESPACE",
     "LISTENER_NAME",
+    "LORA_KEY",
     "METADATA_NAMESPACE",
     "MODEL_INVALID",
     "MODEL_KEY",
@@ -23,11 +30,16 @@ __all__ = [
     "ROUTED_MODEL_HEADER",
     "ROUTE_CONFIG_NAME",
     "SENTINELS",
+    "SESSION_BODY_KEYS",
+    "SESSION_CLUSTER_SUFFIX",
+    "SESSION_HEADER",
+    "SESSION_KEY",
     "UNROUTED_CLUSTER",
     "VIRTUAL_HOST_NAME",
     "XDS_CLUSTER",
     "cluster_name",
     "eds_service_name",
+    "session_cluster_name",
 ]
 
 # The one listener that accepts OpenAI-style traffic, and its connection manager's stats
@@ -61,6 +73,25 @@ ROUTED_MODEL_HEADER = "x-gateway-model-name"
 # It never exists: a leading underscore cannot start a pool name. See routes.py.
 UNROUTED_CLUSTER = "_unrouted"
 
+# Endpoint metadata the subset load balancer reads (Envoy's own namespace for it): key
+# `lora` lists the LoRA adapters an endpoint holds, and a route for adapter A asks for the
+# subset `lora == A` through its `metadata_match` (clusters.py, routes.py).
+LB_METADATA_NAMESPACE = "envoy.lb"
+LORA_KEY = "lora"
+
+# Endpoint metadata for people, not for balancing: under METADATA_NAMESPACE, the hardware
+# class (shown by admin /clusters and /config_dump).
+HARDWARE_KEY = "hardware"
+
+# Session affinity: the session key is the client's SESSION_HEADER or, without it, the
+# body's `prompt_cache_key`, else its `user` (SESSION_BODY_KEYS, first wins), which
+# json_to_metadata copies into `llm:session_key` (listeners.py). Route hash policies read
+# headers only, so the session routes write that key into SESSION_HEADER (routes.py).
+SESSION_HEADER = "x-session-id"
+SESSION_BODY_KEYS = ("prompt_cache_key", "user")
+SESSION_KEY = "session_key"
+SESSION_CLUSTER_SUFFIX = "/session"
+
 # The static cluster in the bootstrap that points at this xDS server.
 XDS_CLUSTER = "xds_cluster"
 
@@ -76,3 +107,8 @@ def cluster_name(pool: str) -> str:
 def eds_service_name(pool: str) -> str:
     """The ClusterLoadAssignment name the cluster of `pool` asks EDS for (the pool name)."""
     return pool
+
+
+def session_cluster_name(pool: str) -> str:
+    """The consistent-hashing Cluster of `pool` (session affinity), on the pool's endpoints."""
+    return pool + SESSION_CLUSTER_SUFFIX

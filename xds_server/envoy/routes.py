@@ -25,26 +25,64 @@ cache, and one of routes 1-7 is chosen. Should it ever not (a bug), the request 
 Envoy's 500 for a missing cluster instead of reaching a wrong pool.
 
 Every route to a pool sets names.ROUTED_MODEL_HEADER to the model it was routed by.
+
+"Model" above means a pool's models and its LoRA adapters alike. Two refinements:
+
+- **LoRA affinity.** A route for adapter A carries `metadata_match` `envoy.lb: {lora: A}`:
+  the pool's subset balancer (clusters.py) sends it to A's holders, or, when no healthy
+  pod holds A, over the whole pool.
+- **Session affinity.** In a pool with `session_affinity`, routes 1 and 2 each come in
+  three, all but the last to the pool's session cluster (ring hash with bounded load,
+  clusters.py) with a hash policy on names.SESSION_HEADER:
+  a. `session-<kind>/M`: the same match, and the client sent a non-empty
+     names.SESSION_HEADER;
+  b. `session-key-<kind>/M`: the same match, and `llm:session_key` (the body's
+     `prompt_cache_key`, else `user`; listeners.py) is a non-empty string without control
+     characters. Its per-route header_mutation config writes that key, cut to
+     MAX_SESSION_KEY_CHARS, into names.SESSION_HEADER before the router hashes it;
+  c. the plain route to the pool's cluster (weighted least request), for requests
+     without a key.
+  Why not one filter-wide mutation and one "header present" route: a hash policy reads
+  headers only, and a header value with CR, LF or NUL makes Envoy 1.40 refuse the
+  upstream request (503, no bytes sent). A body key with such characters fails (b)'s
+  regex and is balanced as keyless instead; the client's own header cannot carry them.
 """
 
 from __future__ import annotations
 
 from typing import Any as _Any
 
+from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
-from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
+from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.envoy import _errors, _protos, names
+from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
 
-__all__ = ["MAX_ECHOED_MODEL_CHARS", "build_routes"]
+__all__ = [
+    "MAX_ECHOED_MODEL_CHARS",
+    "MAX_SESSION_KEY_CHARS",
+    "SESSION_KEY_REGEX",
+    "build_routes",
+]
 
 # Error messages echo the requested model, truncated to this many characters so a huge
 # `model` value does not come back in full (the formatter's `:N` suffix).
 MAX_ECHOED_MODEL_CHARS = 256
+
+# A body session key becomes a header only if it has no control character (RE2, whole
+# value): Envoy refuses to send a header value with CR, LF or NUL upstream (the request
+# fails with a 503), and the others are not valid in HTTP field values either.
+SESSION_KEY_REGEX = r"[^\x00-\x1f\x7f]+"
+
+# The body session key is cut to this many bytes in the header: it is a hash key, and a
+# long `user` must not become a long upstream header.
+MAX_SESSION_KEY_CHARS = 256
 
 # Envoy refuses these in header values (HTTP_HEADER_VALUE), and routed requests carry the
 # model name in names.ROUTED_MODEL_HEADER.
@@ -58,41 +96,28 @@ def build_routes(config: RoutingConfig) -> list[_Any]:
     which the routes could not tell apart from a request without a model, or a model
     whose name cannot be a header value (Envoy would reject the whole route config).
     """
-    served = [(pool, model) for pool in config.pools for model in pool.models]
-    reserved = sorted(m for _, m in served if m in names.SENTINELS)
+    served = [
+        (pool, model, model in pool.adapters)
+        for pool in config.pools
+        for model in (*pool.models, *pool.adapters)
+    ]
+    reserved = sorted(m for _, m, _ in served if m in names.SENTINELS)
     if reserved:
         raise ValueError(f"model names reserved by the gateway: {', '.join(reserved)}")
-    unsendable = sorted(repr(m) for _, m in served if _HEADER_UNSAFE.intersection(m))
+    unsendable = sorted(repr(m) for _, m, _ in served if _HEADER_UNSAFE.intersection(m))
     if unsendable:
         raise ValueError(f"model names with CR, LF or NUL: {', '.join(unsendable)}")
     header = config.listener.model_header
-    routes = [
-        _to_pool(
-            config,
-            pool,
-            model,
-            name=f"model/{model}",
-            match=_match(metadata=_string(exact=model)),
+    routes = []
+    for pool, model, adapter in served:
+        match = _match(metadata=_string(exact=model))
+        routes += _to_pool(config, pool, model, adapter=adapter, kind="model", match=match)
+    for pool, model, adapter in served:
+        by_header = rc_pb2.HeaderMatcher(
+            name=header, string_match=string_pb2.StringMatcher(exact=model)
         )
-        for pool, model in served
-    ]
-    routes += [
-        _to_pool(
-            config,
-            pool,
-            model,
-            name=f"header/{model}",
-            match=_match(
-                metadata=_string(exact=names.MODEL_MISSING),
-                headers=[
-                    rc_pb2.HeaderMatcher(
-                        name=header, string_match=string_pb2.StringMatcher(exact=model)
-                    )
-                ],
-            ),
-        )
-        for pool, model in served
-    ]
+        match = _match(metadata=_string(exact=names.MODEL_MISSING), headers=[by_header])
+        routes += _to_pool(config, pool, model, adapter=adapter, kind="header", match=match)
     routes.extend(_refusals(header))
     routes.append(
         rc_pb2.Route(
@@ -123,17 +148,68 @@ def build_routes(config: RoutingConfig) -> list[_Any]:
 
 
 def _to_pool(
-    config: RoutingConfig, pool: PoolConfig, model: str, *, name: str, match: _Any
+    config: RoutingConfig, pool: PoolConfig, model: str, *, adapter: bool, kind: str, match: _Any
+) -> list[_Any]:
+    """The routes of `model` for one `match`: `<kind>/<model>`, preceded in a pool with session
+    affinity by the session routes for a client's key and for a body's (module docstring)."""
+    routes = []
+    if pool.session_affinity:
+        session_cluster = names.session_cluster_name(pool.name)
+        by_header = rc_pb2.RouteMatch()
+        by_header.CopyFrom(match)
+        by_header.headers.append(
+            rc_pb2.HeaderMatcher(
+                name=names.SESSION_HEADER,
+                # Non-empty: an empty key would hash every such request to one host.
+                string_match=string_pb2.StringMatcher(
+                    safe_regex=regex_pb2.RegexMatcher(regex=r"(?s).+")
+                ),
+            )
+        )
+        action = _action(config, session_cluster, model, adapter=adapter, hashed=True)
+        routes.append(_route(f"session-{kind}/{model}", by_header, action, model))
+        by_body = rc_pb2.RouteMatch()
+        by_body.CopyFrom(match)
+        by_body.dynamic_metadata.append(
+            _metadata_matcher(names.SESSION_KEY, _string(regex=SESSION_KEY_REGEX))
+        )
+        action = _action(config, session_cluster, model, adapter=adapter, hashed=True)
+        route = _route(f"session-key-{kind}/{model}", by_body, action, model)
+        route.typed_per_filter_config[HEADER_MUTATION_FILTER].CopyFrom(_SESSION_KEY_TO_HEADER)
+        routes.append(route)
+    action = _action(config, names.cluster_name(pool.name), model, adapter=adapter, hashed=False)
+    routes.append(_route(f"{kind}/{model}", match, action, model))
+    return routes
+
+
+def _action(
+    config: RoutingConfig, cluster: str, model: str, *, adapter: bool, hashed: bool
 ) -> _Any:
+    action = rc_pb2.RouteAction(
+        cluster=cluster,
+        # Always set: unset means Envoy's 15 s default, which would cut long
+        # generations; 0 disables the timeout.
+        timeout=_protos.duration(config.listener.request_timeout_s),
+    )
+    if adapter:
+        # The subset of the adapter's holders (clusters.py; endpoints.py writes the lists).
+        lora = struct_pb2.Struct()
+        lora[names.LORA_KEY] = model
+        action.metadata_match.filter_metadata[names.LB_METADATA_NAMESPACE].CopyFrom(lora)
+    if hashed:
+        action.hash_policy.append(
+            rc_pb2.RouteAction.HashPolicy(
+                header=rc_pb2.RouteAction.HashPolicy.Header(header_name=names.SESSION_HEADER)
+            )
+        )
+    return action
+
+
+def _route(name: str, match: _Any, action: _Any, model: str) -> _Any:
     return rc_pb2.Route(
         name=name,
         match=match,
-        route=rc_pb2.RouteAction(
-            cluster=names.cluster_name(pool.name),
-            # Always set: unset means Envoy's 15 s default, which would cut long
-            # generations; 0 disables the timeout.
-            timeout=_protos.duration(config.listener.request_timeout_s),
-        ),
+        route=action,
         request_headers_to_add=[
             base_pb2.HeaderValueOption(
                 header=base_pb2.HeaderValue(
@@ -145,6 +221,31 @@ def _to_pool(
             )
         ],
     )
+
+
+def _session_key_to_header() -> _Any:
+    """Per-route header_mutation: names.SESSION_HEADER from `llm:session_key`."""
+    value = (
+        f"%DYNAMIC_METADATA({names.METADATA_NAMESPACE}:{names.SESSION_KEY})"
+        f":{MAX_SESSION_KEY_CHARS}%"
+    )
+    return _protos.pack(
+        header_mutation_pb2.HeaderMutationPerRoute(
+            mutations=header_mutation_pb2.Mutations(
+                request_mutations=[
+                    mutation_rules_pb2.HeaderMutation(
+                        append=base_pb2.HeaderValueOption(
+                            header=base_pb2.HeaderValue(key=names.SESSION_HEADER, value=value),
+                            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                        )
+                    )
+                ]
+            )
+        )
+    )
+
+
+_SESSION_KEY_TO_HEADER = _session_key_to_header()
 
 
 def _refusals(header: str) -> list[_Any]:
@@ -211,14 +312,17 @@ def _match(*, metadata: _Any | None = None, headers: list[_Any] | None = None) -
     """Any path; `metadata` is a ValueMatcher applied to `llm:model`."""
     match = rc_pb2.RouteMatch(prefix="/", headers=headers or [])
     if metadata is not None:
-        match.dynamic_metadata.append(
-            metadata_pb2.MetadataMatcher(
-                filter=names.METADATA_NAMESPACE,
-                path=[metadata_pb2.MetadataMatcher.PathSegment(key=names.MODEL_KEY)],
-                value=metadata,
-            )
-        )
+        match.dynamic_metadata.append(_metadata_matcher(names.MODEL_KEY, metadata))
     return match
+
+
+def _metadata_matcher(key: str, value: _Any) -> _Any:
+    """`value` (a ValueMatcher) applied to dynamic metadata `llm:<key>`."""
+    return metadata_pb2.MetadataMatcher(
+        filter=names.METADATA_NAMESPACE,
+        path=[metadata_pb2.MetadataMatcher.PathSegment(key=key)],
+        value=value,
+    )
 
 
 def _string(*, exact: str | None = None, regex: str | None = None) -> _Any:

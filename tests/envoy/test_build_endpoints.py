@@ -1,0 +1,177 @@
+"""ClusterLoadAssignments from the config, and from the policy's DesiredState."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from envoy.config.core.v3 import health_check_pb2
+from google.protobuf import json_format
+
+from xds_server.config import RoutingConfig
+from xds_server.envoy import build_endpoints, names
+from xds_server.policy.state import DesiredState, EndpointState, Health, PoolState
+
+
+def _state(pool: str, *endpoints: EndpointState) -> DesiredState:
+    return DesiredState(pools={pool: PoolState(name=pool, endpoints=endpoints)})
+
+
+def _endpoints(assignment: Any) -> list[dict[str, Any]]:
+    """Each endpoint as a plain dict: address, port, weight, health and metadata."""
+    if not assignment.endpoints:
+        return []
+    (locality,) = assignment.endpoints
+    return [
+        {
+            "address": e.endpoint.address.socket_address.address,
+            "port": e.endpoint.address.socket_address.port_value,
+            "weight": e.load_balancing_weight.value,
+            "health": health_check_pb2.HealthStatus.Name(e.health_status),
+            "metadata": json_format.MessageToDict(e.metadata).get("filterMetadata", {}),
+        }
+        for e in locality.lb_endpoints
+    ]
+
+
+def _by_pool(assignments: list[Any]) -> dict[str, Any]:
+    return {a.cluster_name: a for a in assignments}
+
+
+def test_without_state_the_config_endpoints_are_used(affinity_config: RoutingConfig) -> None:
+    assert build_endpoints(affinity_config) == build_endpoints(affinity_config, DesiredState())
+    llm = _by_pool(build_endpoints(affinity_config))["llm"]
+    # Config order, health left UNKNOWN (healthy to Envoy); adapters unknown: empty lists.
+    assert _endpoints(llm) == [
+        {
+            "address": "10.0.0.2",
+            "port": 8000,
+            "weight": 1,
+            "health": "UNKNOWN",
+            "metadata": {
+                names.LB_METADATA_NAMESPACE: {names.LORA_KEY: []},
+                names.METADATA_NAMESPACE: {names.HARDWARE_KEY: "h100"},
+            },
+        },
+        {
+            "address": "10.0.0.1",
+            "port": 8000,
+            "weight": 1,
+            "health": "UNKNOWN",
+            "metadata": {names.LB_METADATA_NAMESPACE: {names.LORA_KEY: []}},
+        },
+    ]
+
+
+def test_a_pool_in_the_state_takes_its_endpoints_from_it(affinity_config: RoutingConfig) -> None:
+    state = _state(
+        "llm",
+        EndpointState(address="10.0.0.9", port=8000, weight=700, adapters=("lora-b", "lora-a")),
+        EndpointState(address="10.0.0.3", port=8001, weight=1000, hardware="a10g"),
+        EndpointState(address="10.0.0.3", port=8000, weight=5, health=Health.DRAINING),
+        EndpointState(address="10.0.0.4", port=8000, weight=1, health=Health.UNHEALTHY),
+    )
+    assignments = _by_pool(build_endpoints(affinity_config, state))
+    lb = names.LB_METADATA_NAMESPACE
+    assert _endpoints(assignments["llm"]) == [
+        {
+            "address": "10.0.0.3",
+            "port": 8000,
+            "weight": 5,
+            "health": "DRAINING",
+            "metadata": {lb: {names.LORA_KEY: []}},
+        },
+        {
+            "address": "10.0.0.3",
+            "port": 8001,
+            "weight": 1000,
+            "health": "HEALTHY",
+            "metadata": {
+                lb: {names.LORA_KEY: []},
+                names.METADATA_NAMESPACE: {names.HARDWARE_KEY: "a10g"},
+            },
+        },
+        {
+            "address": "10.0.0.4",
+            "port": 8000,
+            "weight": 1,
+            "health": "UNHEALTHY",
+            "metadata": {lb: {names.LORA_KEY: []}},
+        },
+        {
+            "address": "10.0.0.9",
+            "port": 8000,
+            "weight": 700,
+            "health": "HEALTHY",
+            "metadata": {lb: {names.LORA_KEY: ["lora-a", "lora-b"]}},
+        },
+    ]
+    # Pools absent from the state keep their config endpoints.
+    assert _endpoints(assignments["plain"]) == [
+        {"address": "10.0.1.1", "port": 9000, "weight": 1, "health": "UNKNOWN", "metadata": {}}
+    ]
+    assert not assignments["rr"].endpoints
+
+
+def test_only_healthy_endpoints_list_adapters(affinity_config: RoutingConfig) -> None:
+    # A subset whose hosts are all out of rotation is still "found", and Envoy answers 503
+    # instead of falling back: a draining or stale holder must leave its subsets.
+    for health in (Health.DRAINING, Health.UNHEALTHY):
+        state = _state(
+            "llm",
+            EndpointState(
+                address="10.0.0.1", port=1, weight=1, health=health, adapters=("lora-a",)
+            ),
+        )
+        (endpoint,) = _endpoints(_by_pool(build_endpoints(affinity_config, state))["llm"])
+        assert endpoint["metadata"][names.LB_METADATA_NAMESPACE] == {names.LORA_KEY: []}
+
+
+def test_only_configured_adapters_are_listed(affinity_config: RoutingConfig) -> None:
+    state = _state(
+        "llm", EndpointState(address="10.0.0.1", port=1, weight=1, adapters=("other", "lora-b"))
+    )
+    (endpoint,) = _endpoints(_by_pool(build_endpoints(affinity_config, state))["llm"])
+    assert endpoint["metadata"][names.LB_METADATA_NAMESPACE] == {names.LORA_KEY: ["lora-b"]}
+
+
+def test_a_pool_without_adapters_has_no_lora_metadata(affinity_config: RoutingConfig) -> None:
+    state = _state("plain", EndpointState(address="10.0.1.1", port=9000, weight=3, adapters=("x",)))
+    (endpoint,) = _endpoints(_by_pool(build_endpoints(affinity_config, state))["plain"])
+    assert endpoint["metadata"] == {}
+    assert (endpoint["weight"], endpoint["health"]) == (3, "HEALTHY")
+
+
+def test_an_empty_pool_state_is_an_empty_assignment(affinity_config: RoutingConfig) -> None:
+    llm = _by_pool(build_endpoints(affinity_config, _state("llm")))["llm"]
+    assert llm.cluster_name == "llm"
+    assert len(llm.endpoints) == 0
+
+
+def test_state_pools_the_config_lacks_are_ignored(affinity_config: RoutingConfig) -> None:
+    state = _state("gone", EndpointState(address="10.9.9.9", port=1, weight=1))
+    assert build_endpoints(affinity_config, state) == build_endpoints(affinity_config)
+
+
+def test_output_does_not_depend_on_the_state_order(affinity_config: RoutingConfig) -> None:
+    endpoints = [
+        EndpointState(address=f"10.0.0.{i}", port=8000 + i % 2, weight=i, adapters=("lora-a",))
+        for i in range(1, 9)
+    ]
+    forward = build_endpoints(affinity_config, _state("llm", *endpoints))
+    backward = build_endpoints(affinity_config, _state("llm", *reversed(endpoints)))
+    assert [a.SerializeToString(deterministic=True) for a in forward] == [
+        a.SerializeToString(deterministic=True) for a in backward
+    ]
+
+
+def test_an_endpoint_listed_twice_is_refused(affinity_config: RoutingConfig) -> None:
+    twice = EndpointState(address="10.0.0.1", port=8000, weight=1)
+    with pytest.raises(ValueError, match=r"10\.0\.0\.1:8000 listed twice"):
+        build_endpoints(affinity_config, _state("llm", twice, twice))
+
+
+def test_a_weight_below_one_is_refused(affinity_config: RoutingConfig) -> None:
+    zero = EndpointState(address="10.0.0.1", port=8000, weight=0)
+    with pytest.raises(ValueError, match="weight 0"):
+        build_endpoints(affinity_config, _state("llm", zero))

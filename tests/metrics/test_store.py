@@ -1,0 +1,133 @@
+"""MetricsStore: freshness, error streaks and the prefix-cache hit rate, on a hand-driven clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from xds_server.metrics.engines import PodMetrics
+from xds_server.metrics.store import ErrorStreak, MetricsStore, PodObservation
+
+
+def metrics(
+    hits: float | None = None, queries: float | None = None, *, waiting: int = 0
+) -> PodMetrics:
+    return PodMetrics(
+        waiting=waiting,
+        running=1,
+        prefix_cache_hits_tokens=hits,
+        prefix_cache_queries_tokens=queries,
+    )
+
+
+def rate(store: MetricsStore, pod: str = "p", now: float = 0.0) -> float | None:
+    observation = store.observation(pod, now=now)
+    assert observation is not None
+    return observation.prefix_hit_rate
+
+
+def test_the_latest_metrics_and_their_age() -> None:
+    store = MetricsStore()
+    assert store.snapshot(0.0) == {} and store.observation("p", now=0.0) is None
+    assert store.record_success("p", metrics(waiting=1), now=10.0) is None
+    assert store.record_success("p", metrics(waiting=2), now=10.5) is None
+    assert store.observation("p", now=12.0) == PodObservation(
+        metrics=metrics(waiting=2),
+        age_s=1.5,
+        prefix_hit_rate=None,
+        errors_in_a_row=0,
+        failing_for_s=None,
+        last_error=None,
+    )
+    assert "p" in store and len(store) == 1
+    assert repr(store) == "<MetricsStore pods=1 failing=0>"
+
+
+def test_an_error_streak_keeps_the_last_metrics_and_ends_with_a_success() -> None:
+    store = MetricsStore()
+    store.record_success("p", metrics(waiting=4), now=1.0)
+    first = store.record_error("p", "connect: refused", now=2.0)
+    assert first == ErrorStreak(
+        count=1, first_at=2.0, first_error="connect: refused", last_error="connect: refused"
+    )
+    second = store.record_error("p", "timeout", now=3.0)
+    assert (second.count, second.first_at, second.first_error) == (2, 2.0, "connect: refused")
+    observation = store.snapshot(5.0)["p"]
+    assert observation.metrics == metrics(waiting=4)  # the last good word stays
+    assert observation.age_s == 4.0
+    assert (observation.errors_in_a_row, observation.failing_for_s) == (2, 3.0)
+    assert observation.last_error == "timeout"
+    assert repr(store) == "<MetricsStore pods=1 failing=1>"
+    assert store.record_success("p", metrics(waiting=0), now=6.0) == second
+    after = store.snapshot(6.0)["p"]
+    assert (after.errors_in_a_row, after.failing_for_s, after.last_error) == (0, None, None)
+    assert store.record_success("p", metrics(), now=7.0) is None
+
+
+def test_a_pod_that_never_answered() -> None:
+    store = MetricsStore()
+    store.record_error("p", "HTTP 500", now=1.0)
+    observation = store.snapshot(2.0)["p"]
+    assert (observation.metrics, observation.age_s, observation.errors_in_a_row) == (None, None, 1)
+
+
+def test_the_hit_rate_is_the_ratio_of_counter_increases() -> None:
+    store = MetricsStore(hit_rate_half_life_s=10.0)
+    store.record_success("p", metrics(5_000, 10_000), now=0.0)
+    assert rate(store) is None  # a lifetime ratio says nothing about now: wait for a delta
+    store.record_success("p", metrics(5_000, 10_000), now=1.0)
+    assert rate(store) is None  # no prompt tokens yet
+    store.record_success("p", metrics(5_300, 10_400), now=2.0)
+    assert rate(store) == pytest.approx(300 / 400)
+    # Weighted by traffic: a small scrape barely moves it (same instant: no decay).
+    store.record_success("p", metrics(5_300, 10_410), now=2.0)
+    assert rate(store) == pytest.approx(300 / 410)
+
+
+def test_older_increases_weigh_less_by_half_per_half_life() -> None:
+    store = MetricsStore(hit_rate_half_life_s=10.0)
+    store.record_success("p", metrics(0, 0), now=0.0)
+    store.record_success("p", metrics(100, 100), now=1.0)  # all hits
+    store.record_success("p", metrics(100, 200), now=11.0)  # all misses, one half-life later
+    assert rate(store) == pytest.approx(50 / 150)
+    store.record_success("p", metrics(100, 200), now=1_000.0)  # idle: the rate stays
+    assert rate(store) == pytest.approx(50 / 150)
+
+
+def test_a_counter_reset_counts_the_new_values_as_the_increase() -> None:
+    store = MetricsStore(hit_rate_half_life_s=1e9)  # no decay: exact sums
+    store.record_success("p", metrics(900, 1_000), now=0.0)
+    store.record_success("p", metrics(950, 1_100), now=1.0)  # +50 / +100
+    store.record_success("p", metrics(30, 40), now=2.0)  # restarted: +30 / +40
+    assert rate(store) == pytest.approx(80 / 140)
+    store.record_success("p", metrics(40, 60), now=3.0)  # +10 / +20
+    assert rate(store) == pytest.approx(90 / 160)
+
+
+def test_no_counters_no_rate() -> None:
+    store = MetricsStore()
+    store.record_success("p", metrics(0, 0), now=0.0)
+    store.record_success("p", metrics(10, 20), now=1.0)
+    assert rate(store) == 0.5
+    store.record_success("p", metrics(), now=2.0)  # an engine without the counters
+    assert rate(store) is None
+    store.record_success("p", metrics(10, 20), now=3.0)
+    assert rate(store) is None  # a new baseline
+
+
+def test_snapshots_are_immutable_copies() -> None:
+    store = MetricsStore()
+    store.record_success("a", metrics(waiting=1), now=0.0)
+    snapshot = store.snapshot(1.0)
+    store.record_success("a", metrics(waiting=9), now=1.0)
+    store.record_success("b", metrics(), now=1.0)
+    assert snapshot["a"].metrics == metrics(waiting=1) and "b" not in snapshot
+    with pytest.raises(TypeError):
+        snapshot["b"] = snapshot["a"]  # type: ignore[index]
+    store.forget("a")
+    store.forget("never-seen")
+    assert set(store.snapshot(2.0)) == {"b"}
+
+
+def test_the_half_life_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        MetricsStore(hit_rate_half_life_s=0)

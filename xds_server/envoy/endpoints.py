@@ -1,0 +1,131 @@
+"""The endpoints of every pool (ClusterLoadAssignments): who serves, how much, and what.
+
+This is the resource the slow loop changes: weights and health from GPU metrics, and the
+LoRA adapters each pod holds. Clusters, listeners and routes depend only on the routing
+config, so a new desired state is an EDS-only push (no connection churn).
+
+A pool the policy decided on (present in `DesiredState.pools`) takes its endpoints from
+there; any other pool takes them from the config, as written. Per endpoint:
+
+- `load_balancing_weight`: the weight (weighted least request reads `weight /
+  (active + 1)`; ring hash sizes each host's share of the ring by it).
+- `health_status`: HEALTHY, DRAINING (finishes what it has, gets nothing new, and does not
+  count against the pool's health) or UNHEALTHY (stale metrics: out of rotation). Config
+  endpoints carry none (UNKNOWN), which Envoy treats as healthy.
+- metadata `envoy.lb: {lora: [...]}` in a pool with adapters: the subset load balancer
+  (clusters.py) puts the endpoint in the subset of each adapter listed. Only the pool's
+  configured adapters are listed (no route could ask for another, and each value is a
+  subset Envoy keeps), and only on HEALTHY endpoints: a subset whose hosts are all out of
+  rotation is still "found", and Envoy answers 503 instead of falling back to the other
+  endpoints, so a draining or stale holder must leave its subsets.
+- metadata `llm: {hardware: ...}` when known, for people reading /clusters.
+
+Output is deterministic (endpoints sorted by address and port, adapters sorted), so the
+content hash, which is the EDS version, changes only when the content does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from typing import Any as _Any
+
+from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
+
+from xds_server.config import PoolConfig, RoutingConfig
+from xds_server.envoy import names
+from xds_server.policy.state import DesiredState, EndpointState, Health, PoolState
+
+__all__ = ["HEALTH_STATUS", "build_endpoints"]
+
+# The EDS health status of each policy verdict.
+HEALTH_STATUS: Mapping[Health, int] = {
+    Health.HEALTHY: health_check_pb2.HEALTHY,
+    Health.DRAINING: health_check_pb2.DRAINING,
+    Health.UNHEALTHY: health_check_pb2.UNHEALTHY,
+}
+
+
+def build_endpoints(config: RoutingConfig, state: DesiredState | None = None) -> list[_Any]:
+    """One ClusterLoadAssignment per pool, in config order, named names.eds_service_name.
+
+    Pools in `state.pools` take their endpoints from the state; the others from `config`.
+    Pools of the state that the config does not have are ignored. A pool without endpoints
+    gets an empty assignment (how EDS says "none": the cluster finishes warming and answers
+    503 instead of waiting). Raises ValueError for a state that lists an endpoint twice or
+    gives a weight below 1 (Envoy would refuse the whole assignment).
+    """
+    decided: Mapping[str, PoolState] = state.pools if state is not None else {}
+    assignments = []
+    for pool in config.pools:
+        pool_state = decided.get(pool.name)
+        if pool_state is None:
+            lb_endpoints = [
+                _lb_endpoint(e.address, e.port, e.weight, metadata=_metadata(pool, (), e.hardware))
+                for e in pool.endpoints
+            ]
+        else:
+            lb_endpoints = [_from_state(pool, e) for e in _checked(pool.name, pool_state.endpoints)]
+        assignments.append(
+            endpoint_pb2.ClusterLoadAssignment(
+                cluster_name=names.eds_service_name(pool.name),
+                endpoints=[endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=lb_endpoints)]
+                if lb_endpoints
+                else [],
+            )
+        )
+    return assignments
+
+
+def _checked(pool: str, endpoints: Iterable[EndpointState]) -> list[EndpointState]:
+    ordered = sorted(endpoints, key=lambda e: (e.address, e.port))
+    for before, after in itertools.pairwise(ordered):
+        if (before.address, before.port) == (after.address, after.port):
+            raise ValueError(f"pool {pool!r}: endpoint {after.address}:{after.port} listed twice")
+    for endpoint in ordered:
+        if endpoint.weight < 1:
+            raise ValueError(
+                f"pool {pool!r}: endpoint {endpoint.address}:{endpoint.port} has weight"
+                f" {endpoint.weight}; EDS weights start at 1"
+            )
+    return ordered
+
+
+def _from_state(pool: PoolConfig, endpoint: EndpointState) -> _Any:
+    adapters = endpoint.adapters if endpoint.health is Health.HEALTHY else ()
+    lb_endpoint = _lb_endpoint(
+        endpoint.address,
+        endpoint.port,
+        endpoint.weight,
+        metadata=_metadata(pool, adapters, endpoint.hardware),
+    )
+    lb_endpoint.health_status = HEALTH_STATUS[endpoint.health]
+    return lb_endpoint
+
+
+def _metadata(pool: PoolConfig, adapters: Iterable[str], hardware: str | None) -> _Any | None:
+    metadata = base_pb2.Metadata()
+    if pool.adapters:
+        held = sorted(set(adapters).intersection(pool.adapters))
+        lb = struct_pb2.Struct()
+        lb.get_or_create_list(names.LORA_KEY).extend(held)
+        metadata.filter_metadata[names.LB_METADATA_NAMESPACE].CopyFrom(lb)
+    if hardware is not None:
+        metadata.filter_metadata[names.METADATA_NAMESPACE].update({names.HARDWARE_KEY: hardware})
+    return metadata if metadata.filter_metadata else None
+
+
+def _lb_endpoint(address: str, port: int, weight: int, *, metadata: _Any | None) -> _Any:
+    lb_endpoint = endpoint_components_pb2.LbEndpoint(
+        endpoint=endpoint_components_pb2.Endpoint(
+            address=address_pb2.Address(
+                socket_address=address_pb2.SocketAddress(address=address, port_value=port)
+            )
+        ),
+        load_balancing_weight=wrappers_pb2.UInt32Value(value=weight),
+    )
+    if metadata is not None:
+        lb_endpoint.metadata.CopyFrom(metadata)
+    return lb_endpoint

@@ -1,0 +1,413 @@
+"""Per-engine adapters: one model server's metrics page -> one `PodMetrics`.
+
+Every engine says the same few things under different names (DESIGN.md, "Model servers"):
+how many requests wait and run, how full the KV cache is and how big, which LoRA adapters
+are loaded, and how often the prefix cache hits. An adapter is a table from those logical
+metrics (`LogicalMetric`) to where each engine writes them (`MetricName`: a sample name and
+an optional label filter), plus a few reading rules that hold for every engine:
+
+- waiting and running are REQUIRED and summed over every matching series. vLLM labels every
+  series with `model_name` and `engine` (one series per data-parallel engine; LoRA requests
+  are counted under the base model), so the sum is the pod's. A page without them is a
+  partial page: `MetricsParseError`, never zeros, or a broken pod would look idle.
+- KV usage is the mean over matching series, clamped to 0..1; absent or NaN -> None.
+- KV capacity, in tokens: an info series carrying the engine's size labels (vLLM
+  `block_size` x `num_gpu_blocks`, SGLang `page_size` x `num_pages`) gives their product;
+  any other series gives its value, times the tokens-per-block series when the engine has
+  one (Triton). trtllm-serve states only blocks, so its capacity is in blocks.
+- LoRA (vLLM `vllm:lora_requests_info`): the value is the Unix time the label set was last
+  true and old label sets are never removed, so the current state is the series with the
+  LARGEST value; adapters are comma-separated (an empty string is none). The family is
+  HELP/TYPE only until the first LoRA request: no series means no adapters, not an error.
+- Prefix-cache hits and queries are cumulative token counters (summed), or None when the
+  engine does not export them; `store` turns them into a rate.
+
+Several candidates may stand for one logical metric (vLLM's `vllm:kv_cache_usage_perc`, and
+`vllm:gpu_cache_usage_perc` on older servers): the first present on the page wins. Only the
+first candidates are looked for at first; a fallback costs a second scan of the page only
+when its primary is absent. Every name can be overridden per target (`engine_adapter`).
+
+Pure: text in, frozen value out.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from xds_server.errors import ConfigError
+from xds_server.metrics.errors import MetricsParseError
+from xds_server.metrics.exposition import Sample, parse_samples
+
+__all__ = [
+    "EngineAdapter",
+    "EngineKind",
+    "LogicalMetric",
+    "MetricName",
+    "Overrides",
+    "PodMetrics",
+    "engine_adapter",
+]
+
+
+class EngineKind(enum.StrEnum):
+    """The model servers whose metric names are known."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TGI = "tgi"
+    TRITON = "triton"  # Triton Inference Server, TensorRT-LLM backend
+    TRTLLM = "trtllm"  # trtllm-serve
+
+
+class LogicalMetric(enum.StrEnum):
+    """What the control plane wants to know, whatever the engine calls it."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    KV_USAGE = "kv_usage"
+    KV_CAPACITY = "kv_capacity"
+    KV_TOKENS_PER_BLOCK = "kv_tokens_per_block"
+    LORA_INFO = "lora_info"
+    PREFIX_CACHE_HITS = "prefix_cache_hits"
+    PREFIX_CACHE_QUERIES = "prefix_cache_queries"
+
+
+_REQUIRED = (LogicalMetric.WAITING, LogicalMetric.RUNNING)
+_EMPTY_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class MetricName:
+    """Where a logical metric is on a page: the sample name as written (a counter's with its
+    `_total`) and the labels a series must carry to count (all of them, exactly)."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY_LABELS)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("A metric name must not be empty.")
+        object.__setattr__(self, "labels", MappingProxyType(dict(self.labels)))
+
+    def __hash__(self) -> int:
+        return hash((self.name, frozenset(self.labels.items())))
+
+    def matches(self, sample: Sample) -> bool:
+        """Whether `sample` is one of this metric's series (its name already checked)."""
+        labels = sample.labels
+        return all(labels.get(key) == value for key, value in self.labels.items())
+
+
+Overrides = Mapping[LogicalMetric | str, MetricName | str | Sequence[MetricName | str]]
+"""Per-target names: a logical metric (or its string value) -> a name, or candidates in order
+of preference (an empty sequence: do not read it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodMetrics:
+    """What one scrape says about a pod.
+
+    `kv_usage` is 0..1, None when the engine does not say. `kv_capacity_tokens` is the KV
+    cache size in tokens (in blocks for trtllm-serve), None when unknown. `max_lora` is None
+    when the page does not say (vLLM says only once a LoRA request was seen). The
+    prefix-cache figures are cumulative token counters, None when not exported.
+    """
+
+    waiting: int
+    running: int
+    kv_usage: float | None = None
+    kv_capacity_tokens: int | None = None
+    lora_running: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] = ()
+    max_lora: int | None = None
+    prefix_cache_hits_tokens: float | None = None
+    prefix_cache_queries_tokens: float | None = None
+
+
+def _n(name: str, **labels: str) -> tuple[MetricName, ...]:
+    return (MetricName(name, labels),)
+
+
+_L = LogicalMetric
+_TRITON_REQUESTS = "nv_trt_llm_request_metrics"
+_TRITON_KV = "nv_trt_llm_kv_cache_block_metrics"
+
+_DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] = {
+    EngineKind.VLLM: {
+        _L.WAITING: _n("vllm:num_requests_waiting"),
+        _L.RUNNING: _n("vllm:num_requests_running"),
+        _L.KV_USAGE: (
+            MetricName("vllm:kv_cache_usage_perc"),
+            MetricName("vllm:gpu_cache_usage_perc"),  # before vLLM 0.10
+        ),
+        _L.KV_CAPACITY: _n("vllm:cache_config_info"),
+        _L.LORA_INFO: _n("vllm:lora_requests_info"),
+        _L.PREFIX_CACHE_HITS: (
+            MetricName("vllm:prefix_cache_hits_total"),
+            MetricName("vllm:gpu_prefix_cache_hits_total"),  # the older name
+        ),
+        _L.PREFIX_CACHE_QUERIES: (
+            MetricName("vllm:prefix_cache_queries_total"),
+            MetricName("vllm:gpu_prefix_cache_queries_total"),
+        ),
+    },
+    EngineKind.SGLANG: {
+        _L.WAITING: _n("sglang:num_queue_reqs"),
+        _L.RUNNING: _n("sglang:num_running_reqs"),
+        _L.KV_USAGE: _n("sglang:token_usage"),
+        _L.KV_CAPACITY: _n("sglang:cache_config_info"),
+        # Cached prompt tokens out of all prompt tokens: the same ratio as vLLM's pair.
+        _L.PREFIX_CACHE_HITS: _n("sglang:cached_tokens_total"),
+        _L.PREFIX_CACHE_QUERIES: _n("sglang:prompt_tokens_total"),
+    },
+    EngineKind.TGI: {
+        _L.WAITING: _n("tgi_queue_size"),
+        _L.RUNNING: _n("tgi_batch_current_size"),
+        _L.KV_CAPACITY: _n("tgi_batch_current_max_tokens"),
+    },
+    EngineKind.TRITON: {
+        _L.WAITING: _n(_TRITON_REQUESTS, request_type="waiting"),
+        _L.RUNNING: _n(_TRITON_REQUESTS, request_type="scheduled"),
+        _L.KV_USAGE: _n(_TRITON_KV, kv_cache_block_type="fraction"),
+        _L.KV_CAPACITY: _n(_TRITON_KV, kv_cache_block_type="max"),
+        _L.KV_TOKENS_PER_BLOCK: _n(_TRITON_KV, kv_cache_block_type="tokens_per"),
+    },
+    EngineKind.TRTLLM: {
+        _L.WAITING: _n("trtllm_num_requests_waiting"),
+        _L.RUNNING: _n("trtllm_num_requests_running"),
+        _L.KV_USAGE: _n("trtllm_kv_cache_utilization"),
+        _L.KV_CAPACITY: _n("trtllm_kv_cache_max_blocks"),
+    },
+}
+
+# Labels whose product is the KV capacity in tokens, on an engine's cache-config info series.
+_CAPACITY_LABELS: Mapping[EngineKind, tuple[str, str]] = {
+    EngineKind.VLLM: ("block_size", "num_gpu_blocks"),
+    EngineKind.SGLANG: ("page_size", "num_pages"),
+}
+
+_ALIASES = {"trtllm-serve": EngineKind.TRTLLM}
+
+
+@dataclass(frozen=True, eq=False)
+class EngineAdapter:
+    """Reads one engine's page. Build with `engine_adapter`; immutable and shareable."""
+
+    engine: EngineKind
+    names: Mapping[LogicalMetric, tuple[MetricName, ...]]
+    capacity_labels: tuple[str, str] | None = None
+
+    @functools.cached_property
+    def families(self) -> frozenset[str]:
+        """Every sample name this adapter may look for (fallbacks included)."""
+        return frozenset(c.name for candidates in self.names.values() for c in candidates)
+
+    @functools.cached_property
+    def _primary(self) -> frozenset[str]:
+        return frozenset(candidates[0].name for candidates in self.names.values() if candidates)
+
+    def parse(self, text: str) -> PodMetrics:
+        """The pod's metrics from its page. Raises `MetricsParseError` for a malformed line
+        of a family read here, or a page without waiting or running."""
+        by_name = _by_name(parse_samples(text, self._primary))
+        found = self._find(by_name)
+        fallbacks = {
+            candidate.name
+            for metric, candidates in self.names.items()
+            if not found[metric]
+            for candidate in candidates[1:]
+            if candidate.name not in by_name
+        }
+        if fallbacks:
+            by_name.update(_by_name(parse_samples(text, fallbacks)))
+            found = self._find(by_name)
+        return self._read(found)
+
+    def read(self, samples: Iterable[Sample]) -> PodMetrics:
+        """The pod's metrics from samples already parsed (every family in `families`)."""
+        return self._read(self._find(_by_name(samples)))
+
+    def _find(self, by_name: Mapping[str, list[Sample]]) -> dict[LogicalMetric, list[Sample]]:
+        return {metric: _series(by_name, names) for metric, names in self.names.items()}
+
+    def _read(self, found: Mapping[LogicalMetric, list[Sample]]) -> PodMetrics:
+        none: list[Sample] = []
+        lora_running, lora_waiting, max_lora = _lora(found.get(LogicalMetric.LORA_INFO, none))
+        return PodMetrics(
+            waiting=self._count(LogicalMetric.WAITING, found.get(LogicalMetric.WAITING, none)),
+            running=self._count(LogicalMetric.RUNNING, found.get(LogicalMetric.RUNNING, none)),
+            kv_usage=_usage(found.get(LogicalMetric.KV_USAGE, none)),
+            kv_capacity_tokens=self._capacity(
+                found.get(LogicalMetric.KV_CAPACITY, none),
+                found.get(LogicalMetric.KV_TOKENS_PER_BLOCK, none),
+            ),
+            lora_running=lora_running,
+            lora_waiting=lora_waiting,
+            max_lora=max_lora,
+            prefix_cache_hits_tokens=_counter(found.get(LogicalMetric.PREFIX_CACHE_HITS, none)),
+            prefix_cache_queries_tokens=_counter(
+                found.get(LogicalMetric.PREFIX_CACHE_QUERIES, none)
+            ),
+        )
+
+    def _count(self, metric: LogicalMetric, found: list[Sample]) -> int:
+        if not found:
+            wanted = " or ".join(_describe(c) for c in self.names[metric])
+            raise MetricsParseError(
+                f"the page has no {wanted} ({metric.value}, {self.engine.value}): "
+                "a partial page, or the wrong engine for this pod"
+            )
+        total = sum(sample.value for sample in found)
+        if not math.isfinite(total) or total < 0:
+            raise MetricsParseError(
+                f"{found[0].name} ({metric.value}) is {total}, not a request count"
+            )
+        return round(total)
+
+    def _capacity(self, found: list[Sample], tokens_per_block: list[Sample]) -> int | None:
+        if not found:
+            return None
+        total = 0.0
+        labels = self.capacity_labels
+        for sample in found:
+            if labels is not None and labels[0] in sample.labels and labels[1] in sample.labels:
+                size = _label_product(sample.labels[labels[0]], sample.labels[labels[1]])
+                if size is None:
+                    return None
+                total += size
+            else:
+                total += sample.value
+        if tokens_per_block:
+            total *= _mean(tokens_per_block)
+        if not math.isfinite(total) or total < 0:
+            return None
+        return round(total)
+
+
+def engine_adapter(
+    engine: EngineKind | str, *, overrides: Overrides | None = None
+) -> EngineAdapter:
+    """The adapter for `engine` ("vllm", "sglang", "tgi", "triton", "trtllm"; also
+    "trtllm-serve"), with `overrides` replacing names per logical metric.
+
+    Raises `ConfigError` naming an unknown engine or logical metric, or an override that
+    would leave waiting or running unread.
+    """
+    kind = _engine_kind(engine)
+    names = dict(_DEFAULTS[kind])
+    for key, value in (overrides or {}).items():
+        metric = _logical_metric(key)
+        if isinstance(value, MetricName):
+            candidates: tuple[MetricName, ...] = (value,)
+        elif isinstance(value, str):
+            candidates = (MetricName(value),)
+        else:
+            candidates = tuple(c if isinstance(c, MetricName) else MetricName(c) for c in value)
+        if not candidates and metric in _REQUIRED:
+            raise ConfigError(f"The {metric.value} metric is required and cannot be disabled.")
+        names[metric] = candidates
+    return EngineAdapter(
+        engine=kind,
+        names=MappingProxyType({m: c for m, c in names.items() if c}),
+        capacity_labels=_CAPACITY_LABELS.get(kind),
+    )
+
+
+def _engine_kind(engine: EngineKind | str) -> EngineKind:
+    if isinstance(engine, EngineKind):
+        return engine
+    if engine in _ALIASES:
+        return _ALIASES[engine]
+    try:
+        return EngineKind(engine)
+    except ValueError:
+        known = ", ".join(kind.value for kind in EngineKind)
+        raise ConfigError(f"Unknown engine {engine!r}; known engines: {known}.") from None
+
+
+def _logical_metric(key: LogicalMetric | str) -> LogicalMetric:
+    try:
+        return LogicalMetric(key)
+    except ValueError:
+        known = ", ".join(metric.value for metric in LogicalMetric)
+        raise ConfigError(f"Unknown logical metric {key!r}; known: {known}.") from None
+
+
+def _describe(name: MetricName) -> str:
+    if not name.labels:
+        return name.name
+    return name.name + "{" + ",".join(f'{k}="{v}"' for k, v in name.labels.items()) + "}"
+
+
+def _by_name(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
+    by_name: dict[str, list[Sample]] = {}
+    for sample in samples:
+        by_name.setdefault(sample.name, []).append(sample)
+    return by_name
+
+
+def _series(by_name: Mapping[str, list[Sample]], candidates: Sequence[MetricName]) -> list[Sample]:
+    """The series of the first candidate that has any on the page."""
+    for candidate in candidates:
+        samples = by_name.get(candidate.name)
+        if not samples:
+            continue
+        if not candidate.labels:
+            return samples
+        found = [s for s in samples if candidate.matches(s)]
+        if found:
+            return found
+    return []
+
+
+def _mean(samples: list[Sample]) -> float:
+    return math.fsum(s.value for s in samples) / len(samples)
+
+
+def _usage(samples: list[Sample]) -> float | None:
+    values = [s.value for s in samples if not math.isnan(s.value)]
+    if not values:
+        return None
+    return min(1.0, max(0.0, math.fsum(values) / len(values)))
+
+
+def _counter(samples: list[Sample]) -> float | None:
+    if not samples:
+        return None
+    total = math.fsum(s.value for s in samples)
+    return total if math.isfinite(total) and total >= 0 else None
+
+
+def _label_product(first: str, second: str) -> int | None:
+    """The product of two integer label values (vLLM: "16" x "5000"), None if either is not
+    an integer (vLLM writes "None" for a cache size it does not know)."""
+    try:
+        return int(first) * int(second)
+    except ValueError:
+        return None
+
+
+def _lora(samples: list[Sample]) -> tuple[tuple[str, ...], tuple[str, ...], int | None]:
+    """(running, waiting, max_lora) from the series with the latest timestamp value."""
+    timed = [s for s in samples if not math.isnan(s.value)]
+    if not timed:
+        return (), (), None
+    current = max(timed, key=lambda s: s.value)
+    try:
+        max_lora: int | None = int(current.labels.get("max_lora", ""))
+    except ValueError:
+        max_lora = None
+    return (
+        _adapters(current.labels.get("running_lora_adapters", "")),
+        _adapters(current.labels.get("waiting_lora_adapters", "")),
+        max_lora,
+    )
+
+
+def _adapters(listed: str) -> tuple[str, ...]:
+    return tuple(name for name in (part.strip() for part in listed.split(",")) if name)

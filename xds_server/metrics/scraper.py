@@ -1,0 +1,436 @@
+"""Scraping every pod's `/metrics` page, on an interval, into a `MetricsStore`.
+
+This is the slow loop's eyes (DESIGN.md, principle 2): the policy can only be as fresh as
+the last scrape, so scraping must be cheap enough to run often (bench/scrape_cost.py
+measures the CPU per scrape) and must never stall or crash on a bad pod.
+
+- One task per pod, each on its own schedule: a random phase within the first interval,
+  then every `interval_s` on absolute deadlines, so a thousand pods are spread over the
+  interval instead of being fetched in lockstep, and a slow scrape does not shift the next.
+  A pod has at most one scrape in flight; the next one waits.
+- One aiohttp `ClientSession` for every pod: keep-alive connections (a scrape is one
+  request on an open connection, no handshake), at most `max_connections` at once, no
+  cookies, and no compression by default (gzip saves bandwidth but costs the pod CPU to
+  compress and us to inflate; see `compress`).
+- A failed scrape (connect, timeout, HTTP status, broken body, unparseable page: the tree
+  in `errors`) is recorded in the store, counted through `observe_error`, and never raised:
+  the pod's last metrics stay in use until the policy finds them too old (`age_s`). It is
+  logged once per streak: the first failure at WARNING naming the pod, its URL and the
+  error; recovery at INFO; the failures in between at DEBUG. A failing pod is retried with
+  exponential backoff from `interval_s` up to `max_backoff_s`, jittered. `_schedule` is the
+  only place that decides when a pod is scraped next.
+- The page is parsed on the event loop: the fast parser reads a 59 KB vLLM page in ~0.1 ms,
+  less than handing it to a thread would cost.
+
+After each successful scrape the optional, synchronous `on_update(pod_id)` runs (the
+controller re-scores there); callbacks that raise are logged once per streak and do not stop
+scraping. `set_targets` may be called at any time, before or inside `async with`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+
+import aiohttp
+from yarl import URL
+
+from xds_server.errors import ConfigError
+from xds_server.metrics.engines import (
+    EngineAdapter,
+    EngineKind,
+    Overrides,
+    PodMetrics,
+    engine_adapter,
+)
+from xds_server.metrics.errors import MetricsError, ScrapeError, ScrapeErrorKind
+from xds_server.metrics.store import ErrorStreak, MetricsStore
+
+__all__ = [
+    "Clock",
+    "ErrorObserver",
+    "ScrapeObserver",
+    "ScrapeTarget",
+    "Scraper",
+    "ScraperState",
+    "UpdateCallback",
+]
+
+logger = logging.getLogger(__name__)
+
+UpdateCallback = Callable[[str], None]
+"""`on_update(pod_id)`: called after each successful scrape of the pod."""
+ErrorObserver = Callable[[str, ScrapeErrorKind], None]
+"""`observe_error(pod_id, kind)`: called after each failed scrape."""
+ScrapeObserver = Callable[[str, float], None]
+"""`observe_scrape(pod_id, duration_s)`: called after each successful scrape with the time
+it took (fetch and parse)."""
+Clock = Callable[[], float]
+"""Monotonic seconds; the store's `now` comes from it."""
+
+_ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+_EMPTY_OVERRIDES: Overrides = MappingProxyType({})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScrapeTarget:
+    """Where a pod's metrics page is and how to read it.
+
+    `url` is the full page URL (`http://10.0.0.1:8000/metrics`); `engine` names the model
+    server (see `engines.EngineKind`); `overrides` replace metric names per logical metric.
+    Raises `ConfigError` at construction for a URL that is not http(s) with a host, an
+    unknown engine, or a bad override.
+    """
+
+    url: str
+    engine: EngineKind | str = EngineKind.VLLM
+    overrides: Overrides = field(default_factory=lambda: _EMPTY_OVERRIDES)
+    adapter: EngineAdapter = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            parsed = URL(self.url)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"Metrics URL {self.url!r} is not a URL: {exc}") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ConfigError(f"Metrics URL {self.url!r} must be http:// or https:// with a host.")
+        object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        object.__setattr__(self, "adapter", engine_adapter(self.engine, overrides=self.overrides))
+
+    def __hash__(self) -> int:
+        return hash((self.url, str(self.engine)))
+
+
+class ScraperState(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class Scraper:
+    """Scrapes a changing set of pods into `store`, as an async context manager.
+
+    `interval_s` is the time between scrapes of one pod, `timeout_s` the most one scrape may
+    take (connect, request, whole body), `max_connections` the most simultaneous
+    connections, `max_backoff_s` the longest wait between retries of a failing pod,
+    `max_page_bytes` the largest page read. `compress` asks for gzip pages. `clock` gives
+    the store's `now` (monotonic seconds). `seed` fixes the jitter. `_iterations` ends each
+    pod's loop after that many scrapes (tests only; see `join`).
+
+    Mutable state: `state`, `_session`, `_targets` and `_tasks` (pod id -> target, its
+    task), `_stopping` (tasks of removed pods, cancelled, not yet finished),
+    `_callback_failing` (callbacks whose failure was logged). Changed only on the event loop.
+    """
+
+    def __init__(
+        self,
+        store: MetricsStore,
+        *,
+        interval_s: float = 0.25,
+        timeout_s: float = 1.0,
+        max_connections: int = 256,
+        max_backoff_s: float = 2.0,
+        max_page_bytes: int = 8 << 20,
+        compress: bool = False,
+        on_update: UpdateCallback | None = None,
+        observe_error: ErrorObserver | None = None,
+        observe_scrape: ScrapeObserver | None = None,
+        clock: Clock = time.monotonic,
+        seed: int | None = None,
+        _iterations: int | None = None,
+    ) -> None:
+        if not interval_s > 0 or not timeout_s > 0:
+            raise ValueError(
+                f"interval_s and timeout_s must be positive, not {interval_s} and {timeout_s}."
+            )
+        if max_connections < 1 or max_page_bytes < 1:
+            raise ValueError("max_connections and max_page_bytes must be at least 1.")
+        self.store = store
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
+        self.max_backoff_s = max(max_backoff_s, interval_s)
+        self.max_page_bytes = max_page_bytes
+        self.compress = compress
+        self.state = ScraperState.UNOPENED
+        self._on_update = on_update
+        self._observe_error = observe_error
+        self._observe_scrape = observe_scrape
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._iterations = _iterations
+        self._session: aiohttp.ClientSession | None = None
+        self._targets: dict[str, ScrapeTarget] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._callback_failing: set[tuple[str, str]] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"<Scraper state={self.state.value} targets={len(self._targets)} "
+            f"interval_s={self.interval_s}>"
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Scraper:
+        if self.state is not ScraperState.UNOPENED:
+            raise RuntimeError(
+                f"Cannot open the scraper: it is {self.state.value}, and a scraper can be "
+                "opened only once."
+            )
+        self.state = ScraperState.OPEN
+        headers = {"Accept": _ACCEPT}
+        if not self.compress:
+            headers["Accept-Encoding"] = "identity"
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=self.max_connections, keepalive_timeout=max(30.0, 4 * self.interval_s)
+            ),
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            headers=headers,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+        )
+        for pod_id in self._targets:
+            self._start(pod_id)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop every scrape and close the connections. Idempotent."""
+        if self.state is ScraperState.CLOSED:
+            return
+        self.state = ScraperState.CLOSED
+        tasks = [*self._tasks.values(), *self._stopping]
+        for task in tasks:
+            task.cancel()
+        await asyncio.shield(self._cleanup(tasks))
+
+    async def _cleanup(self, tasks: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def join(self) -> None:
+        """Wait until every pod's loop has ended: they end by themselves only with
+        `_iterations` (tests)."""
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    # -- targets -----------------------------------------------------------------------------
+
+    @property
+    def targets(self) -> Mapping[str, ScrapeTarget]:
+        return MappingProxyType(dict(self._targets))
+
+    def set_targets(self, targets: Mapping[str, ScrapeTarget]) -> None:
+        """Scrape exactly `targets` (pod id -> target) from now on.
+
+        New pods are scraped within one interval; removed pods stop at once and are
+        forgotten by the store; a pod whose target changed (URL, engine or names) starts
+        afresh, as a new pod would.
+        """
+        if self.state is ScraperState.CLOSED:
+            raise RuntimeError("Cannot set targets: the scraper is closed.")
+        for pod_id, old in list(self._targets.items()):
+            new = targets.get(pod_id)
+            if new is None or new != old:
+                del self._targets[pod_id]
+                self._stop(pod_id)
+                self.store.forget(pod_id)
+        for pod_id, target in targets.items():
+            if pod_id not in self._targets:
+                self._targets[pod_id] = target
+                if self.state is ScraperState.OPEN:
+                    self._start(pod_id)
+
+    def _start(self, pod_id: str) -> None:
+        task = asyncio.create_task(
+            self._run(pod_id, self._targets[pod_id]), name=f"scrape-{pod_id}"
+        )
+        task.add_done_callback(self._task_done)
+        self._tasks[pod_id] = task
+
+    def _stop(self, pod_id: str) -> None:
+        task = self._tasks.pop(pod_id, None)
+        if task is not None and not task.done():
+            task.cancel()
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
+        self._callback_failing = {key for key in self._callback_failing if key[0] != pod_id}
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """A pod loop never raises (it records every error); if it did, say so loudly: that
+        pod's metrics now only age."""
+        if task.cancelled() or task.exception() is None:
+            return
+        logger.error(
+            "Scraping stopped for %s: its loop died. Its metrics will only go stale.",
+            task.get_name().removeprefix("scrape-"),
+            exc_info=task.exception(),
+        )
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def _run(self, pod_id: str, target: ScrapeTarget) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._rng.uniform(0.0, self.interval_s)
+        attempts = 0
+        while True:
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            streak = await self._scrape_and_record(pod_id, target)
+            attempts += 1
+            if self._iterations is not None and attempts >= self._iterations:
+                return
+            deadline = self._schedule(deadline, loop.time(), streak)
+
+    def _schedule(self, deadline: float, now: float, streak: ErrorStreak | None) -> float:
+        """When to scrape next, after a scrape due at `deadline` ended at `now`.
+
+        Healthy: the next slot of the pod's own grid (missed slots are skipped, not
+        bunched). Failing: exponential backoff from `interval_s`, doubling per failure up
+        to `max_backoff_s`, with ±10% jitter so failing pods do not retry together.
+        """
+        if streak is None:
+            deadline += self.interval_s
+            if deadline <= now:
+                deadline += (now - deadline) // self.interval_s * self.interval_s
+                deadline += self.interval_s
+            return deadline
+        backoff = min(self.max_backoff_s, self.interval_s * 2.0 ** min(streak.count - 1, 30))
+        return now + backoff * self._rng.uniform(0.9, 1.1)
+
+    async def _scrape_and_record(self, pod_id: str, target: ScrapeTarget) -> ErrorStreak | None:
+        """Scrape once and record the outcome; returns the error streak, None on success."""
+        started = self._clock()
+        internal: BaseException | None = None
+        try:
+            metrics = await self._scrape(target)
+        except MetricsError as exc:
+            kind, message = exc.kind, str(exc)
+        except Exception as exc:  # a bug of ours: keep scraping, but loudly
+            kind, message, internal = ScrapeErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}", exc
+        else:
+            finished = self._clock()
+            ended = self.store.record_success(pod_id, metrics, now=finished)
+            if ended is not None:
+                logger.info(
+                    "Scraping pod %s (%s) works again after %d failed attempts over %.1f s; "
+                    "the last error was: %s",
+                    pod_id,
+                    target.url,
+                    ended.count,
+                    finished - ended.first_at,
+                    ended.last_error,
+                )
+            if self._observe_scrape is not None:
+                self._callback(pod_id, "observe_scrape", self._observe_scrape, finished - started)
+            if self._on_update is not None:
+                self._callback(pod_id, "on_update", self._on_update)
+            return None
+        streak = self.store.record_error(pod_id, message, now=self._clock())
+        if self._observe_error is not None:
+            self._callback(pod_id, "observe_error", self._observe_error, kind)
+        if streak.count == 1:
+            logger.log(
+                logging.ERROR if internal is not None else logging.WARNING,
+                "Cannot scrape pod %s (%s): %s. Its last metrics stay in use until they go "
+                "stale; further failures are not logged until a scrape succeeds.",
+                pod_id,
+                target.url,
+                message,
+                exc_info=internal,
+            )
+        else:
+            logger.debug("Scrape of pod %s failed (%d in a row): %s", pod_id, streak.count, message)
+        return streak
+
+    def _callback(
+        self, pod_id: str, name: str, callback: Callable[..., None], *args: object
+    ) -> None:
+        """Run a caller's callback; a raising one is logged (once until it works again) and
+        does not stop scraping."""
+        key = (pod_id, name)
+        try:
+            callback(pod_id, *args)
+        except Exception:
+            if key not in self._callback_failing:
+                self._callback_failing.add(key)
+                logger.exception(
+                    "The %s callback raised for pod %s; scraping goes on (logged once until "
+                    "it succeeds again).",
+                    name,
+                    pod_id,
+                )
+        else:
+            self._callback_failing.discard(key)
+
+    async def _scrape(self, target: ScrapeTarget) -> PodMetrics:
+        """Fetch and read one page. Raises `ScrapeError` or `MetricsParseError`."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("The scraper is not open; use it inside `async with`.")
+        try:
+            async with session.get(target.url) as response:
+                if response.status != 200:
+                    raise ScrapeError(
+                        f"HTTP {response.status} {response.reason or ''}".rstrip(),
+                        kind=ScrapeErrorKind.HTTP_STATUS,
+                    )
+                body = await self._read(response)
+        except TimeoutError as exc:
+            raise ScrapeError(
+                f"no complete page within {self.timeout_s:g} s", kind=ScrapeErrorKind.TIMEOUT
+            ) from exc
+        except aiohttp.ClientConnectionError as exc:
+            raise ScrapeError(_describe(exc), kind=ScrapeErrorKind.CONNECT) from exc
+        except aiohttp.ClientResponseError as exc:  # an answer that is not HTTP
+            raise ScrapeError(
+                f"not a valid HTTP response: {_first_line(exc.message)}",
+                kind=ScrapeErrorKind.BODY,
+            ) from exc
+        except aiohttp.ClientError as exc:  # the body broke off
+            raise ScrapeError(_describe(exc), kind=ScrapeErrorKind.BODY) from exc
+        return target.adapter.parse(body.decode("utf-8", errors="replace"))
+
+    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
+        length = response.content_length
+        if length is not None and length > self.max_page_bytes:
+            raise ScrapeError(
+                f"the page is {length} bytes, over the {self.max_page_bytes}-byte limit",
+                kind=ScrapeErrorKind.BODY,
+            )
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in response.content.iter_any():
+            size += len(chunk)
+            if size > self.max_page_bytes:
+                raise ScrapeError(
+                    f"the page is over the {self.max_page_bytes}-byte limit",
+                    kind=ScrapeErrorKind.BODY,
+                )
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a log message and the store: the exception's name and first line."""
+    text = _first_line(str(exc))
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _first_line(text: str) -> str:
+    return text.strip().split("\n", 1)[0].rstrip(":")

@@ -1,0 +1,194 @@
+"""The latest word from every pod, how old it is, and how its scrapes have been failing.
+
+The scraper writes here; the policy reads an immutable `snapshot(now)`. Three things are
+kept per pod (a string id such as "10.0.0.1:8000"):
+
+- the last `PodMetrics` and the monotonic time of the last successful scrape. A failed
+  scrape does not erase them: the pod's last metrics stay in use, and `age_s` lets the
+  policy decide when they are too old to trust (DESIGN.md, principle 5);
+- the current error streak: how many scrapes in a row failed, since when, the first and
+  the last message. The scraper logs once per streak, so it asks the store whether an error
+  starts a streak and whether a success ends one;
+- the prefix-cache hit rate. Engines export cumulative token counters (hits, queries), and
+  a lifetime ratio says little about what the cache holds now, so the rate is the ratio of
+  the counters' increases over an exponentially decaying window: each scrape adds its
+  deltas to two sums that halve every `hit_rate_half_life_s`. As a ratio of sums it weighs
+  each scrape by its traffic (a scrape with one short prompt does not swing it), and it
+  copes with irregular scrape intervals. A counter that goes down means the engine
+  restarted: its new value is the increase since then, as Prometheus's `rate()` counts it.
+  With no new prompt tokens the rate stays at its last value; it is None until a second
+  scrape has shown prompt tokens.
+
+Pure state, no I/O and no clock: every method takes `now` (monotonic seconds, the clock the
+scraper uses), so tests drive time by hand. Not thread-safe; it lives on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from xds_server.metrics.engines import PodMetrics
+
+__all__ = ["ErrorStreak", "MetricsStore", "PodObservation"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ErrorStreak:
+    """Scrapes of one pod that failed in a row: `count` of them since `first_at`."""
+
+    count: int
+    first_at: float
+    first_error: str
+    last_error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodObservation:
+    """What the policy may know about one pod at one moment.
+
+    `metrics` is the last successfully scraped value (None before the first success);
+    `age_s` is the time since that scrape (None before it). `prefix_hit_rate` is 0..1 or
+    None (see the module docstring). `errors_in_a_row` counts the failed scrapes since the
+    last success, `failing_for_s` the time since the first of them (None when the last
+    scrape succeeded), and `last_error` says why the last one failed.
+    """
+
+    metrics: PodMetrics | None
+    age_s: float | None
+    prefix_hit_rate: float | None
+    errors_in_a_row: int
+    failing_for_s: float | None
+    last_error: str | None
+
+
+class _Pod:
+    """One pod's mutable record."""
+
+    __slots__ = (
+        "hits",
+        "hits_window",
+        "metrics",
+        "queries",
+        "queries_window",
+        "rate",
+        "rate_at",
+        "scraped_at",
+        "streak",
+    )
+
+    def __init__(self) -> None:
+        self.metrics: PodMetrics | None = None
+        self.scraped_at: float | None = None
+        self.streak: ErrorStreak | None = None
+        self.hits: float | None = None  # the counters at the last scrape
+        self.queries: float | None = None
+        self.rate_at = 0.0
+        self.hits_window = 0.0  # decayed sums of the increases
+        self.queries_window = 0.0
+        self.rate: float | None = None
+
+
+class MetricsStore:
+    """Per-pod metrics, freshness, error streaks and prefix-cache hit rates.
+
+    Mutable state: `_pods` (pod id -> its record). Changed only by `record_success`,
+    `record_error` and `forget`.
+    """
+
+    def __init__(self, *, hit_rate_half_life_s: float = 10.0) -> None:
+        if not hit_rate_half_life_s > 0:
+            raise ValueError(f"hit_rate_half_life_s must be positive, not {hit_rate_half_life_s}.")
+        self.hit_rate_half_life_s = hit_rate_half_life_s
+        self._pods: dict[str, _Pod] = {}
+
+    def __repr__(self) -> str:
+        failing = sum(1 for pod in self._pods.values() if pod.streak is not None)
+        return f"<MetricsStore pods={len(self._pods)} failing={failing}>"
+
+    def __contains__(self, pod_id: object) -> bool:
+        return pod_id in self._pods
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def record_success(self, pod_id: str, metrics: PodMetrics, *, now: float) -> ErrorStreak | None:
+        """Store a successful scrape of `pod_id` taken at `now`.
+
+        Returns the error streak this success ended (so the caller can log the recovery once),
+        or None if the previous scrape succeeded too.
+        """
+        pod = self._pods.get(pod_id)
+        if pod is None:
+            pod = self._pods[pod_id] = _Pod()
+        ended, pod.streak = pod.streak, None
+        pod.metrics = metrics
+        pod.scraped_at = now
+        self._update_rate(pod, metrics, now)
+        return ended
+
+    def record_error(self, pod_id: str, message: str, *, now: float) -> ErrorStreak:
+        """Record a failed scrape of `pod_id` at `now`; the pod's last metrics stay.
+
+        Returns the streak it belongs to: `count == 1` means it starts one (log it).
+        """
+        pod = self._pods.get(pod_id)
+        if pod is None:
+            pod = self._pods[pod_id] = _Pod()
+        previous = pod.streak
+        if previous is None:
+            pod.streak = ErrorStreak(count=1, first_at=now, first_error=message, last_error=message)
+        else:
+            pod.streak = ErrorStreak(
+                count=previous.count + 1,
+                first_at=previous.first_at,
+                first_error=previous.first_error,
+                last_error=message,
+            )
+        return pod.streak
+
+    def forget(self, pod_id: str) -> None:
+        """Drop everything known about `pod_id` (it is no longer a target). No-op if unknown."""
+        self._pods.pop(pod_id, None)
+
+    def observation(self, pod_id: str, *, now: float) -> PodObservation | None:
+        """What is known about `pod_id` at `now`, or None if nothing was recorded for it."""
+        pod = self._pods.get(pod_id)
+        return None if pod is None else _observe(pod, now)
+
+    def snapshot(self, now: float) -> Mapping[str, PodObservation]:
+        """Every pod's observation at `now`, as an immutable mapping (a copy: later scrapes
+        do not change it)."""
+        return MappingProxyType({pod_id: _observe(pod, now) for pod_id, pod in self._pods.items()})
+
+    def _update_rate(self, pod: _Pod, metrics: PodMetrics, now: float) -> None:
+        hits = metrics.prefix_cache_hits_tokens
+        queries = metrics.prefix_cache_queries_tokens
+        if hits is None or queries is None:
+            pod.hits = pod.queries = pod.rate = None
+            pod.hits_window = pod.queries_window = 0.0
+            return
+        if pod.hits is not None and pod.queries is not None:
+            if hits < pod.hits or queries < pod.queries:  # the engine restarted
+                new_hits, new_queries = hits, queries
+            else:
+                new_hits, new_queries = hits - pod.hits, queries - pod.queries
+            decay = 0.5 ** (max(0.0, now - pod.rate_at) / self.hit_rate_half_life_s)
+            pod.hits_window = pod.hits_window * decay + new_hits
+            pod.queries_window = pod.queries_window * decay + new_queries
+            if pod.queries_window > 0:
+                pod.rate = min(1.0, max(0.0, pod.hits_window / pod.queries_window))
+        pod.hits, pod.queries, pod.rate_at = hits, queries, now
+
+
+def _observe(pod: _Pod, now: float) -> PodObservation:
+    streak = pod.streak
+    return PodObservation(
+        metrics=pod.metrics,
+        age_s=None if pod.scraped_at is None else max(0.0, now - pod.scraped_at),
+        prefix_hit_rate=pod.rate,
+        errors_in_a_row=0 if streak is None else streak.count,
+        failing_for_s=None if streak is None else max(0.0, now - streak.first_at),
+        last_error=None if streak is None else streak.last_error,
+    )

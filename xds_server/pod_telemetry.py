@@ -1,0 +1,83 @@
+"""Per-pod Prometheus metrics, read at scrape time from the metrics store and the policy.
+
+A custom collector rather than labelled gauges: the set of pods changes all the time, and a
+collector reports exactly the pods known now, with no stale series left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from xds_server.controller import Controller
+from xds_server.policy.state import Health
+from xds_server.sources.pod_metrics import PodMetricsSource
+
+__all__ = ["PodCollector"]
+
+_LABELS = ["pool", "pod"]
+
+
+class PodCollector(Collector):
+    """xds_pod_* gauges: one series per pod of every GPU-aware pool."""
+
+    def __init__(self, pods: PodMetricsSource, controller: Controller) -> None:
+        self._pods = pods
+        self._controller = controller
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {
+            "kv": GaugeMetricFamily(
+                "xds_pod_kv_cache_usage", "KV-cache use (0..1) the pod reported.", labels=_LABELS
+            ),
+            "waiting": GaugeMetricFamily(
+                "xds_pod_requests_waiting", "Requests queued in the pod's engine.", labels=_LABELS
+            ),
+            "running": GaugeMetricFamily(
+                "xds_pod_requests_running", "Requests running in the pod's engine.", labels=_LABELS
+            ),
+            "adapters": GaugeMetricFamily(
+                "xds_pod_lora_adapters",
+                "LoRA adapters the pod holds or is loading.",
+                labels=_LABELS,
+            ),
+            "weight": GaugeMetricFamily(
+                "xds_pod_weight", "The EDS load-balancing weight sent to Envoy.", labels=_LABELS
+            ),
+            "healthy": GaugeMetricFamily(
+                "xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0.", labels=_LABELS
+            ),
+            "age": GaugeMetricFamily(
+                "xds_pod_metrics_age_seconds", "Age of the pod's last good metrics.", labels=_LABELS
+            ),
+            "errors": GaugeMetricFamily(
+                "xds_pod_scrape_errors_in_a_row",
+                "Failed scrapes since the last good one.",
+                labels=_LABELS,
+            ),
+        }
+        observations = self._pods.observations()
+        for pool in self._controller.state.pools.values():
+            for endpoint in pool.endpoints:
+                pod_id = f"{endpoint.address}:{endpoint.port}"
+                labels = [pool.name, pod_id]
+                families["weight"].add_metric(labels, endpoint.weight)
+                families["healthy"].add_metric(
+                    labels, 1.0 if endpoint.health is Health.HEALTHY else 0.0
+                )
+                families["adapters"].add_metric(labels, len(endpoint.adapters))
+                observation = observations.get(pod_id)
+                if observation is None:
+                    continue
+                families["errors"].add_metric(labels, observation.errors_in_a_row)
+                if observation.age_s is not None:
+                    families["age"].add_metric(labels, observation.age_s)
+                metrics = observation.metrics
+                if metrics is not None:
+                    families["waiting"].add_metric(labels, metrics.waiting)
+                    families["running"].add_metric(labels, metrics.running)
+                    if metrics.kv_usage is not None:
+                        families["kv"].add_metric(labels, metrics.kv_usage)
+        yield from families.values()

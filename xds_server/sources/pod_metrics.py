@@ -1,0 +1,81 @@
+"""Live pod metrics as an input of the policy: what to scrape, and the signals it yields.
+
+The routing config says which endpoints belong to GPU-aware pools and which model server
+they run; this module keeps the scraper's target list in step with it and turns the store's
+observations into the policy's `PodSignals`. A pod that has never answered counts as stale
+once it has been failing for `stale_after_s`, so a dead pod does not keep the median weight
+forever.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from xds_server.config import RoutingConfig
+from xds_server.metrics.scraper import Scraper, ScrapeTarget
+from xds_server.metrics.store import MetricsStore, PodObservation
+from xds_server.policy.scoring import PodSignals, endpoint_id
+
+__all__ = ["PodMetricsSource", "scrape_targets", "signals_of"]
+
+
+def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
+    """Every endpoint of a GPU-aware pool, by endpoint id, with its metrics URL and engine."""
+    targets = {}
+    for pool in config.pools:
+        if not pool.weights_from_metrics:
+            continue
+        for endpoint in pool.endpoints:
+            port = pool.metrics_port or endpoint.port
+            host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
+            targets[endpoint_id(endpoint)] = ScrapeTarget(
+                url=f"http://{host}:{port}{pool.metrics_path}", engine=pool.engine
+            )
+    return targets
+
+
+def signals_of(observation: PodObservation) -> PodSignals | None:
+    """The policy's view of one pod; None for a pod with no verdict yet."""
+    metrics = observation.metrics
+    if metrics is None:
+        if observation.failing_for_s is None:
+            return None
+        return PodSignals(age_s=observation.failing_for_s, waiting=0, running=0)
+    assert observation.age_s is not None
+    return PodSignals(
+        age_s=observation.age_s,
+        waiting=metrics.waiting,
+        running=metrics.running,
+        kv_usage=metrics.kv_usage,
+        kv_capacity_tokens=metrics.kv_capacity_tokens,
+        adapters=tuple(sorted({*metrics.lora_running, *metrics.lora_waiting})),
+        prefix_hit_rate=observation.prefix_hit_rate,
+    )
+
+
+class PodMetricsSource:
+    """The scraper and its store, following the routing config.
+
+    Mutable state: the scraper's targets (changed by `follow`) and the store (by the
+    scraper). `signals` is the controller's SignalsSource.
+    """
+
+    def __init__(self, scraper: Scraper, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.scraper = scraper
+        self.store: MetricsStore = scraper.store
+        self._clock = clock
+
+    def follow(self, config: RoutingConfig) -> None:
+        """Scrape what `config` makes GPU-aware, at its interval; forget the rest."""
+        targets = scrape_targets(config)
+        self.scraper.interval_s = config.balancing.scrape_interval_s
+        self.scraper.timeout_s = config.balancing.scrape_timeout_s
+        self.scraper.set_targets(targets)
+
+    def signals(self) -> Mapping[str, PodSignals]:
+        snapshot = self.store.snapshot(self._clock())
+        return {pod_id: s for pod_id, o in snapshot.items() if (s := signals_of(o)) is not None}
+
+    def observations(self) -> Mapping[str, PodObservation]:
+        return self.store.snapshot(self._clock())
