@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         duration_s=duration,
         out_dir=args.out,
         request_scale=QUICK_REQUEST_SCALE if args.quick else 1.0,
+        reaction_trials=5 if args.quick else 40,
         policies=policies,
     )
     started = time.monotonic()

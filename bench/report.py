@@ -61,6 +61,14 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             value = gap_closure(policies, key)
             closures.append(f"{label} TTFT {'–' if value is None else f'{100 * value:.0f}%'}")
         lines += ["", "Gap closure (RR − project) / (RR − oracle): " + ", ".join(closures), ""]
+    reaction = results.get("reaction")
+    if reaction:
+        lines.append(
+            f"Reaction time (pod metrics change -> Envoy applies the weight), {reaction['trials']} "
+            f"trials: p50 {_ms(reaction['reaction_p50_s'])} ms, "
+            f"p99 {_ms(reaction['reaction_p99_s'])} ms "
+            f"(target {_ms(reaction['target_s'])} ms)."
+        )
     if results.get("machine_saturated"):
         lines.append(
             "**Warning:** the machine was saturated during at least one run; see results.json."

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.reaction import measure_reaction
 from bench.scenarios import MODEL, Scenario, build_scenario
 from xds_server.config import RoutingConfig
 from xds_server.local.gateway import LocalGateway, run_local_gateway
@@ -65,6 +66,7 @@ class RunOptions:
     duration_s: float
     out_dir: Path
     request_scale: float = 1.0
+    reaction_trials: int = 40
     stream_interval: int = 4
     policies: Sequence[str] = POLICIES
 
@@ -253,4 +255,12 @@ async def run_benchmark(
                     "policies": {p: _merge_seeds(r) for p, r in runs.items()},
                 }
                 samples[name] = {p: [t for run in r for t in run.ttfts] for p, r in runs.items()}
+    if "project" in options.policies:
+        progress("reaction time: pod metrics change -> Envoy applies the new weight")
+        reaction = await measure_reaction(trials=options.reaction_trials)
+        results["reaction"] = reaction
+        for scenario_results in results["scenarios"].values():
+            project = scenario_results["policies"]["project"]
+            project["reaction_p50_s"] = reaction["reaction_p50_s"]
+            project["reaction_p99_s"] = reaction["reaction_p99_s"]
     return results, samples, titles

@@ -1,0 +1,132 @@
+"""GPU-aware balancing end to end: pod metrics reach a real Envoy as weights and health."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bench.reaction import FakeVllmPod
+from tests.e2e.conftest import eventually
+from xds_server.config import RoutingConfig
+from xds_server.local.gateway import LocalGateway, run_local_gateway
+
+
+@contextlib.asynccontextmanager
+async def gateway_over(
+    pods: list[FakeVllmPod], tmp_path: Path, **balancing: object
+) -> AsyncIterator[LocalGateway]:
+    config = RoutingConfig.model_validate(
+        {
+            "listener": {"address": "127.0.0.1", "port": 0},
+            "updates": {"debounce_s": 0.02},
+            "balancing": {
+                "scrape_interval_s": 0.1,
+                "smoothing": 1.0,
+                "stale_after_s": 0.6,
+                **balancing,
+            },
+            "pools": [
+                {
+                    "name": "gpu",
+                    "models": ["m"],
+                    "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in pods],
+                }
+            ],
+        }
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(config.model_dump_json())
+    async with run_local_gateway(path, config_poll_s=3600) as gateway:
+        yield gateway
+
+
+async def hosts(gateway: LocalGateway) -> dict[int, tuple[int, str]]:
+    """Envoy's view of the pool: port -> (weight, EDS health)."""
+    clusters = await gateway.envoy.clusters_json()
+    for status in clusters.get("cluster_statuses", []):
+        if status["name"] == "gpu":
+            return {
+                h["address"]["socket_address"]["port_value"]: (
+                    int(h.get("weight", 1)),
+                    h.get("health_status", {}).get("eds_health_status", "HEALTHY"),
+                )
+                for h in status.get("host_statuses", [])
+            }
+    return {}
+
+
+@pytest.fixture
+async def pods() -> AsyncIterator[list[FakeVllmPod]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(FakeVllmPod().serving()) for _ in range(3)]
+
+
+async def test_weights_follow_queues_and_capacity(pods: list[FakeVllmPod], tmp_path: Path) -> None:
+    a, b, c = pods
+    c.gpu_blocks = 416  # an A10G-like pod: a twelfth of the KV cache
+    async with gateway_over(pods, tmp_path) as gateway:
+
+        async def weights() -> dict[int, int]:
+            return {port: weight for port, (weight, _) in (await hosts(gateway)).items()}
+
+        async def settled(predicate) -> bool:  # type: ignore[no-untyped-def]
+            return predicate(await weights())
+
+        await eventually(
+            lambda: settled(lambda w: len(w) == 3 and w[a.port] == w[b.port] > 10 * w[c.port]),
+            what="capacity weights",
+        )
+        b.waiting = 4
+        await eventually(
+            lambda: settled(lambda w: w[b.port] < w[a.port] / 10), what="B's weight to drop"
+        )
+        b.waiting = 0
+        await eventually(
+            lambda: settled(lambda w: w[b.port] == w[a.port]), what="B's weight to recover"
+        )
+
+
+async def test_stale_pod_leaves_rotation_and_comes_back(
+    pods: list[FakeVllmPod], tmp_path: Path
+) -> None:
+    a, b, _ = pods
+    async with gateway_over(pods, tmp_path) as gateway:
+
+        async def health_of(port: int) -> str | None:
+            entry = (await hosts(gateway)).get(port)
+            return None if entry is None else entry[1]
+
+        await eventually(lambda: _is(health_of(b.port), "HEALTHY"), what="B healthy")
+        b.broken = True
+        await eventually(
+            lambda: _is(health_of(b.port), "UNHEALTHY"), within_s=5, what="B out of rotation"
+        )
+        assert await health_of(a.port) == "HEALTHY"
+        b.broken = False
+        await eventually(
+            lambda: _is(health_of(b.port), "HEALTHY"), within_s=5, what="B back in rotation"
+        )
+
+
+async def test_all_stale_fails_closed_when_configured(
+    pods: list[FakeVllmPod], tmp_path: Path
+) -> None:
+    async with gateway_over(pods, tmp_path, all_stale="fail_closed") as gateway:
+        await eventually(lambda: _all(hosts(gateway), "HEALTHY"), what="all healthy")
+        for pod in pods:
+            pod.broken = True
+        await eventually(
+            lambda: _all(hosts(gateway), "UNHEALTHY"), within_s=5, what="all out of rotation"
+        )
+
+
+async def _is(value, expected: str) -> bool:  # type: ignore[no-untyped-def]
+    return await value == expected
+
+
+async def _all(view, expected: str) -> bool:  # type: ignore[no-untyped-def]
+    got = await view
+    return bool(got) and {h for _, h in got.values()} == {expected}
