@@ -20,10 +20,7 @@ from bench.report import markdown_table, plot_ttft_cdfs
 from bench.runner import POLICIES, RunOptions, run_benchmark
 from bench.scenarios import SCENARIOS
 
-# Scenario e (LoRA) joins the default run with LoRA affinity in the project policy.
-DEFAULT_SCENARIOS = ("a", "b", "c", "d")
-
-DEFAULT_DURATION_S = 20.0
+DEFAULT_DURATION_S = 16.0
 QUICK_DURATION_S = 3.0
 # A smoke run's requests are a fifth as long, so that even a collapsed policy drains in seconds.
 QUICK_REQUEST_SCALE = 0.2
@@ -35,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run scenarios x policies through a real Envoy")
     run.add_argument(
         "--scenarios",
-        default=",".join(DEFAULT_SCENARIOS),
+        default=",".join(SCENARIOS),
         help="comma-separated, from " + ",".join(SCENARIOS),
     )
     run.add_argument(

@@ -65,7 +65,7 @@ async def _push(gateway: LocalGateway, document: dict[str, Any], type_name: str)
     controller = gateway.app.controller
     config = RoutingConfig.model_validate(document)
     started = time.perf_counter()
-    controller.submit(config)
+    gateway.app.submit_config(config)
     snapshot = await asyncio.wait_for(controller.settled(), 10)
     assert snapshot is not None
     resource_type = {t.short: t for t in ResourceType}[type_name]

@@ -109,7 +109,7 @@ def _routing(
 async def _apply(gateway: LocalGateway, config: RoutingConfig) -> None:
     """Hand `config` to the controller and wait until Envoy has ACKed all of it."""
     controller = gateway.app.controller
-    controller.submit(config)
+    gateway.app.submit_config(config)
     snapshot = await asyncio.wait_for(controller.settled(), 10)
     assert snapshot is not None
     for resource_type in ResourceType:

@@ -16,6 +16,7 @@ from types import TracebackType
 import grpc
 
 from xds_server.admin import AdminServer, make_admin_app
+from xds_server.config import RoutingConfig
 from xds_server.controller import Controller
 from xds_server.errors import ConfigError, XdsServerError
 from xds_server.metrics import MetricsStore, Scraper, ScrapeTelemetry
@@ -150,8 +151,12 @@ class XdsApplication:
             if isinstance(item, ConfigError):
                 self.controller.reject(item)
             else:
-                self.pods.follow(item)
-                self.controller.submit(item)
+                self.submit_config(item)
+
+    def submit_config(self, config: RoutingConfig) -> None:
+        """Put `config` in force: what to scrape, and (debounced) what Envoy holds."""
+        self.pods.follow(config)
+        self.controller.submit(config)
 
     async def wait_ready(self, within_s: float = 10.0) -> None:
         """Wait until the first snapshot is stored (raises TimeoutError with the config error)."""

@@ -160,7 +160,7 @@ async def _phase(
 ) -> tuple[Summary, dict[str, int]]:
     """Run the trace once through Envoy with `phase`'s balancing on a fresh fleet."""
     async with Fleet(PODS, model=MODEL, stream_interval=4, seed=7) as fleet:
-        gateway.app.controller.submit(_config(listener_port, fleet, phase.balancing))
+        gateway.app.submit_config(_config(listener_port, fleet, phase.balancing))
         snapshot = await gateway.app.controller.settled()
         assert snapshot is not None
         await gateway.app.registry.wait_for_ack("eds", snapshot.versions[ResourceType.ENDPOINT])
@@ -248,7 +248,7 @@ async def run_demo(
                 return
         console.print(_comparison(summaries))
         fleet = await stack.enter_async_context(Fleet(PODS, model=MODEL, stream_interval=1, seed=7))
-        gateway.app.controller.submit(_config(port, fleet, "least_request"))
+        gateway.app.submit_config(_config(port, fleet, "least_request"))
         await gateway.app.controller.settled()
         example = json.dumps(
             {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}

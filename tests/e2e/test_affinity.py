@@ -197,8 +197,10 @@ def _document(backends: Sequence[ExampleBackend]) -> dict[str, Any]:
     }
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["sotw", "delta"])
+async def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Stack]:
     hold = asyncio.Event()
     hold.set()
     async with AsyncExitStack() as exits:
@@ -209,7 +211,9 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
         document = _document(backends)
         path = Path(tmp_path_factory.mktemp("affinity")) / "config.yaml"
         path.write_text(yaml.safe_dump(document))
-        gateway = await exits.enter_async_context(run_local_gateway(path, config_poll_s=0.05))
+        gateway = await exits.enter_async_context(
+            run_local_gateway(path, delta=request.param == "delta", config_poll_s=0.05)
+        )
         http = await exits.enter_async_context(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
         )

@@ -393,7 +393,9 @@ def test_the_schedule_keeps_a_grid_and_backs_off() -> None:
     for count, base in [(1, 0.1), (2, 0.2), (3, 0.4), (4, 0.8), (5, 1.0), (60, 1.0)]:
         delay = scraper._schedule(5.0, 6.0, streak(count)) - 6.0
         assert base * 0.9 <= delay <= base * 1.1, count
-    assert Scraper(MetricsStore(), interval_s=5.0, max_backoff_s=1.0).max_backoff_s == 5.0
+    # A backoff never undercuts the interval.
+    slow = Scraper(MetricsStore(), interval_s=5.0, max_backoff_s=1.0, seed=4)
+    assert 4.5 <= slow._schedule(0.0, 1.0, streak(3)) - 1.0 <= 5.5
 
 
 def test_targets_are_validated_values() -> None:
@@ -407,6 +409,27 @@ def test_targets_are_validated_values() -> None:
             ScrapeTarget(url=url)
     with pytest.raises(ConfigError, match="Unknown engine"):
         ScrapeTarget(url="http://h/metrics", engine="nope")
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="interval_s must be positive"):
         Scraper(MetricsStore(), interval_s=0)
+    scraper = Scraper(MetricsStore())
+    with pytest.raises(ValueError, match="timeout_s must be positive"):
+        scraper.timeout_s = -1
     assert DEFAULT_MODEL  # the simulated pods' model, used above through adapters
+
+
+async def test_interval_and_timeout_can_change_while_open(server: FakeMetricsServer) -> None:
+    recorder = Recorder()
+    async with Scraper(
+        MetricsStore(), interval_s=0.01, timeout_s=5.0, **recorder.kwargs()
+    ) as scraper:
+        scraper.set_targets({"p": ScrapeTarget(url=server.url)})
+        await wait_until(lambda: len(recorder.updates) >= 3)
+        scraper.interval_s = 0.2
+        scraper.timeout_s = 0.1
+        await asyncio.sleep(0.05)  # the pod's current 10 ms sleep ends; the next is 200 ms
+        before = len(recorder.updates)
+        await asyncio.sleep(0.3)
+        assert 1 <= len(recorder.updates) - before <= 2
+        server.mode = "hang"
+        await wait_until(lambda: len(recorder.errors) >= 1, limit_s=1.0)
+        assert recorder.errors == [("p", ScrapeErrorKind.TIMEOUT)]

@@ -43,6 +43,8 @@ from envoy.type.v3 import percent_pb2
 
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.envoy import _protos, names
+
+# Re-exported: build_endpoints lived here before it moved to endpoints.py.
 from xds_server.envoy.endpoints import build_endpoints
 
 __all__ = [

@@ -14,7 +14,9 @@ an optional label filter), plus a few reading rules that hold for every engine:
 - KV capacity, in tokens: an info series carrying the engine's size labels (vLLM
   `block_size` x `num_gpu_blocks`, SGLang `page_size` x `num_pages`) gives their product;
   any other series gives its value, times the tokens-per-block series when the engine has
-  one (Triton). trtllm-serve states only blocks, so its capacity is in blocks.
+  one (Triton). trtllm-serve states only blocks, so its capacity is in blocks; TGI's
+  `tgi_batch_current_max_tokens` is the current batch's token budget, which moves with the
+  load. A size label that is not an integer (vLLM writes "None") gives None.
 - LoRA (vLLM `vllm:lora_requests_info`): the value is the Unix time the label set was last
   true and old label sets are never removed, so the current state is the series with the
   LARGEST value; adapters are comma-separated (an empty string is none). The family is

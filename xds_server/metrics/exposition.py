@@ -4,8 +4,9 @@ A model server's `/metrics` page is big and almost all noise to a router: vLLM's
 and ~600 lines, mostly histograms, HTTP-server and Python-process families, of which the
 control plane needs about eight lines (waiting, running, KV use, cache config, LoRA info,
 prefix-cache counters). prometheus-client's parser walks every line character by character
-in Python and costs ~6 ms per such page; at 200 pods scraped ten times a second that is
-twelve cores. So the work is split:
+in Python and costs 6-10 ms per such page; at 200 pods scraped ten times a second that is
+twelve to twenty cores. This reader takes ~0.1 ms (bench/scrape_cost.py: 80-95x less), by
+splitting the work:
 
 1. Select: one compiled regular expression per set of wanted families finds their lines in
    a single pass in C. `re` factors the families' common prefix (`vllm:`) out of the

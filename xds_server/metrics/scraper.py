@@ -10,8 +10,9 @@ measures the CPU per scrape) and must never stall or crash on a bad pod.
   A pod has at most one scrape in flight; the next one waits.
 - One aiohttp `ClientSession` for every pod: keep-alive connections (a scrape is one
   request on an open connection, no handshake), at most `max_connections` at once, no
-  cookies, and no compression by default (gzip saves bandwidth but costs the pod CPU to
-  compress and us to inflate; see `compress`).
+  cookies, and no compression by default: gzip cuts a 59 KB page to ~9 KB on the wire but
+  costs the pod CPU to compress and us ~30% more CPU per scrape to inflate (`compress`
+  turns it on where bandwidth is what is short).
 - A failed scrape (connect, timeout, HTTP status, broken body, unparseable page: the tree
   in `errors`) is recorded in the store, counted through `observe_error`, and never raised:
   the pod's last metrics stay in use until the policy finds them too old (`age_s`). It is
@@ -20,7 +21,11 @@ measures the CPU per scrape) and must never stall or crash on a bad pod.
   exponential backoff from `interval_s` up to `max_backoff_s`, jittered. `_schedule` is the
   only place that decides when a pod is scraped next.
 - The page is parsed on the event loop: the fast parser reads a 59 KB vLLM page in ~0.1 ms,
-  less than handing it to a thread would cost.
+  less than handing it to a thread would cost. A whole scrape (request, page, parse,
+  store) costs ~0.4 ms of CPU here at 2,000 scrapes a second, ~0.5 ms at low rates
+  (bench/scrape_cost.py), hence the default `interval_s` of 0.25 s: 200 pods take about a
+  third of one core, and what changes faster than that is Envoy's to handle, through its
+  per-request least-request counting (DESIGN.md, principle 2).
 
 After each successful scrape the optional, synchronous `on_update(pod_id)` runs (the
 controller re-scores there); callbacks that raise are logged once per streak and do not stop
@@ -85,13 +90,15 @@ class ScrapeTarget:
     `url` is the full page URL (`http://10.0.0.1:8000/metrics`); `engine` names the model
     server (see `engines.EngineKind`); `overrides` replace metric names per logical metric.
     Raises `ConfigError` at construction for a URL that is not http(s) with a host, an
-    unknown engine, or a bad override.
+    unknown engine, or a bad override. `adapter` (the engine's reader) and `parsed_url` are
+    derived once, here, rather than on every scrape.
     """
 
     url: str
     engine: EngineKind | str = EngineKind.VLLM
     overrides: Overrides = field(default_factory=lambda: _EMPTY_OVERRIDES)
     adapter: EngineAdapter = field(init=False, repr=False, compare=False)
+    parsed_url: URL = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -101,6 +108,7 @@ class ScrapeTarget:
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ConfigError(f"Metrics URL {self.url!r} must be http:// or https:// with a host.")
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        object.__setattr__(self, "parsed_url", parsed)
         object.__setattr__(self, "adapter", engine_adapter(self.engine, overrides=self.overrides))
 
     def __hash__(self) -> int:
@@ -117,15 +125,17 @@ class Scraper:
     """Scrapes a changing set of pods into `store`, as an async context manager.
 
     `interval_s` is the time between scrapes of one pod, `timeout_s` the most one scrape may
-    take (connect, request, whole body), `max_connections` the most simultaneous
-    connections, `max_backoff_s` the longest wait between retries of a failing pod,
-    `max_page_bytes` the largest page read. `compress` asks for gzip pages. `clock` gives
-    the store's `now` (monotonic seconds). `seed` fixes the jitter. `_iterations` ends each
-    pod's loop after that many scrapes (tests only; see `join`).
+    take (connect, request, whole body); both may be changed while open. `max_connections`
+    bounds the simultaneous requests, `max_backoff_s` the wait between retries of a failing
+    pod (never less than `interval_s`), `max_page_bytes` the page size. `compress` asks for
+    gzip pages. `clock` gives the store's `now` (monotonic seconds). `seed` fixes the
+    jitter. `_iterations` ends each pod's loop after that many scrapes (tests only; see
+    `join`).
 
-    Mutable state: `state`, `_session`, `_targets` and `_tasks` (pod id -> target, its
-    task), `_stopping` (tasks of removed pods, cancelled, not yet finished),
-    `_callback_failing` (callbacks whose failure was logged). Changed only on the event loop.
+    Mutable state: `state`, `interval_s`, `timeout_s` (and its `_timeout`), `_session`,
+    `_targets` and `_tasks` (pod id -> target, its task), `_stopping` (tasks of removed
+    pods, cancelled, not yet finished), `_callback_failing` (callbacks whose failure was
+    logged). Changed only on the event loop.
     """
 
     def __init__(
@@ -145,17 +155,15 @@ class Scraper:
         seed: int | None = None,
         _iterations: int | None = None,
     ) -> None:
-        if not interval_s > 0 or not timeout_s > 0:
-            raise ValueError(
-                f"interval_s and timeout_s must be positive, not {interval_s} and {timeout_s}."
-            )
         if max_connections < 1 or max_page_bytes < 1:
             raise ValueError("max_connections and max_page_bytes must be at least 1.")
         self.store = store
+        self._interval_s = self._timeout_s = 1.0
+        self._timeout = aiohttp.ClientTimeout(total=self._timeout_s)
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.max_connections = max_connections
-        self.max_backoff_s = max(max_backoff_s, interval_s)
+        self.max_backoff_s = max_backoff_s
         self.max_page_bytes = max_page_bytes
         self.compress = compress
         self.state = ScraperState.UNOPENED
@@ -177,6 +185,29 @@ class Scraper:
             f"interval_s={self.interval_s}>"
         )
 
+    @property
+    def interval_s(self) -> float:
+        """Seconds between scrapes of one pod; a new value applies from each pod's next one."""
+        return self._interval_s
+
+    @interval_s.setter
+    def interval_s(self, value: float) -> None:
+        if not value > 0:
+            raise ValueError(f"interval_s must be positive, not {value}.")
+        self._interval_s = value
+
+    @property
+    def timeout_s(self) -> float:
+        """The most one scrape may take; a new value applies from the next scrape."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        if not value > 0:
+            raise ValueError(f"timeout_s must be positive, not {value}.")
+        self._timeout_s = value
+        self._timeout = aiohttp.ClientTimeout(total=value)
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> Scraper:
@@ -193,7 +224,6 @@ class Scraper:
             connector=aiohttp.TCPConnector(
                 limit=self.max_connections, keepalive_timeout=max(30.0, 4 * self.interval_s)
             ),
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             headers=headers,
             cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,
@@ -310,7 +340,8 @@ class Scraper:
                 deadline += (now - deadline) // self.interval_s * self.interval_s
                 deadline += self.interval_s
             return deadline
-        backoff = min(self.max_backoff_s, self.interval_s * 2.0 ** min(streak.count - 1, 30))
+        longest = max(self.max_backoff_s, self.interval_s)
+        backoff = min(longest, self.interval_s * 2.0 ** min(streak.count - 1, 30))
         return now + backoff * self._rng.uniform(0.9, 1.1)
 
     async def _scrape_and_record(self, pod_id: str, target: ScrapeTarget) -> ErrorStreak | None:
@@ -384,7 +415,8 @@ class Scraper:
         if session is None:
             raise RuntimeError("The scraper is not open; use it inside `async with`.")
         try:
-            async with session.get(target.url) as response:
+            timeout = self._timeout
+            async with session.get(target.parsed_url, timeout=timeout) as response:
                 if response.status != 200:
                     raise ScrapeError(
                         f"HTTP {response.status} {response.reason or ''}".rstrip(),
@@ -393,7 +425,7 @@ class Scraper:
                 body = await self._read(response)
         except TimeoutError as exc:
             raise ScrapeError(
-                f"no complete page within {self.timeout_s:g} s", kind=ScrapeErrorKind.TIMEOUT
+                f"no complete page within {timeout.total:g} s", kind=ScrapeErrorKind.TIMEOUT
             ) from exc
         except aiohttp.ClientConnectionError as exc:
             raise ScrapeError(_describe(exc), kind=ScrapeErrorKind.CONNECT) from exc

@@ -13,7 +13,11 @@ with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off)
 
 - capacity: the pod's serving capacity relative to the pool's largest, from its hardware
   class (`balancing.hardware_capacity`) or else from its KV-cache size (vLLM's
-  `cache_config_info`): KV blocks track GPU memory and, within a model, throughput.
+  `cache_config_info`): KV blocks track GPU memory and, within a model, throughput. The
+  default exponent is 2, not 1: weights proportional to throughput would give a pod 12x
+  slower a twelfth of the in-flight requests, each of which then waits far longer for its
+  first token than on a fast pod; squaring keeps the slow pods for when the fast ones
+  queue (the queue scorer then cuts the fast pods' weights).
 - waiting: requests queued in the engine. One waiting request already means the pod is
   full; with the default exponent 2 it quarters the weight.
 - kv_headroom: 1 up to 80% KV-cache use, then falling linearly to 0.05 at full: a pod that
