@@ -6,7 +6,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.reaction import FakeVllmPod
 from tests.e2e.conftest import eventually
@@ -87,6 +89,25 @@ async def test_weights_follow_queues_and_capacity(pods: list[FakeVllmPod], tmp_p
         await eventually(
             lambda: settled(lambda w: w[b.port] == w[a.port]), what="B's weight to recover"
         )
+
+        # The same story on the server's own /metrics, per pod.
+        envoy_weights = await weights()
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{gateway.app.admin_port}/metrics") as response:
+                text = await response.text()
+        samples = {
+            (s.name, s.labels["pod"]): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name.startswith("xds_pod_")
+        }
+        for pod in pods:
+            pod_id = f"127.0.0.1:{pod.port}"
+            assert samples[("xds_pod_weight", pod_id)] == envoy_weights[pod.port]
+            assert samples[("xds_pod_healthy", pod_id)] == 1
+            assert samples[("xds_pod_requests_waiting", pod_id)] == 0
+            assert samples[("xds_pod_kv_cache_usage", pod_id)] == 0.2
+            assert samples[("xds_pod_metrics_age_seconds", pod_id)] < 1
 
 
 async def test_stale_pod_leaves_rotation_and_comes_back(
