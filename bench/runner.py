@@ -36,6 +36,7 @@ from xds_server.sim.loadgen import ReplayResult, generate_trace, run_replay_in_s
 from xds_server.sim.loadgen.stats import ttft_sample
 from xds_server.sim.oracle import OracleRouter
 from xds_server.xds.resources import ResourceType
+from xds_server.xds.snapshot import Snapshot
 
 __all__ = ["POLICIES", "RunOptions", "run_benchmark"]
 
@@ -107,18 +108,29 @@ def _routing(
 
 
 async def _apply(gateway: LocalGateway, config: RoutingConfig) -> None:
-    """Hand `config` to the controller and wait until Envoy has ACKed all of it."""
-    controller = gateway.app.controller
-    gateway.app.submit_config(config)
-    snapshot = await asyncio.wait_for(controller.settled(), 10)
+    """Hand `config` to the controller and wait until Envoy has ACKed all of it.
+
+    For a GPU-aware pool, also wait until every pod has been scraped once and the weights
+    from those metrics are in Envoy: each policy run starts a fresh fleet, and a control
+    plane that has never seen its pods is not the steady state being measured.
+    """
+    app = gateway.app
+    app.submit_config(config)
+    await _acked(gateway, await asyncio.wait_for(app.controller.settled(), 10))
+    if any(pool.weights_from_metrics for pool in config.pools):
+        pods = set(app.scraper.targets)
+        # The scraper runs on its own schedule; poll its store.
+        while not all((o := app.pods.observations().get(p)) and o.metrics for p in pods):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        app.controller.metrics_changed()
+        await _acked(gateway, await asyncio.wait_for(app.controller.settled(), 10))
+
+
+async def _acked(gateway: LocalGateway, snapshot: Snapshot | None) -> None:
     assert snapshot is not None
     for resource_type in ResourceType:
-        await asyncio.wait_for(
-            gateway.app.registry.wait_for_ack(
-                resource_type.short, snapshot.versions[resource_type]
-            ),
-            10,
-        )
+        version = snapshot.versions[resource_type]
+        await asyncio.wait_for(gateway.app.registry.wait_for_ack(resource_type.short, version), 10)
 
 
 @contextlib.asynccontextmanager
