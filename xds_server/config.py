@@ -142,7 +142,7 @@ class ListenerConfig(_Strict):
 class ScorerWeights(_Strict):
     """Exponents of each scorer in the weight formula (0 turns a scorer off); see the README."""
 
-    capacity: Annotated[float, Field(ge=0, le=10)] = 2.0
+    capacity: Annotated[float, Field(ge=0, le=10)] = 4.0
     queue: Annotated[float, Field(ge=0, le=10)] = 2.0
     kv_cache: Annotated[float, Field(ge=0, le=10)] = 2.0
     running: Annotated[float, Field(ge=0, le=10)] = 0.0

@@ -48,7 +48,7 @@ def test_identical_pods_get_identical_weights_despite_noise() -> None:
 def test_capacity_from_kv_cache_size() -> None:
     got = weights({A: signals(kv_capacity_tokens=80_000), B: signals(kv_capacity_tokens=6_656)})
     assert got[A][0] == MAX_WEIGHT
-    assert 4 <= got[B][0] <= 10  # (1/12)^2 with the default capacity exponent 2
+    assert got[B][0] == pytest.approx(MAX_WEIGHT / 12**4, rel=0.1)  # capacity exponent 4
 
 
 def test_capacity_from_hardware_class_wins() -> None:
@@ -63,7 +63,7 @@ def test_capacity_from_hardware_class_wins() -> None:
     settings = BalancingConfig(smoothing=1.0, hardware_capacity={"h100": 13.0, "a10g": 1.0})
     scored = score_pool(pool, settings=settings, signals={A: signals(), B: signals()}, memory={})
     a, b = scored.state.endpoints
-    assert a.weight == MAX_WEIGHT and 3 <= b.weight <= 8  # (1/13)^2
+    assert a.weight == MAX_WEIGHT and b.weight == pytest.approx(MAX_WEIGHT / 13**4, rel=0.2)
 
 
 def test_queue_and_full_kv_cut_the_weight() -> None:
@@ -113,3 +113,25 @@ def test_adapters_become_endpoint_state() -> None:
         scored.state.endpoints[0].adapters == ("a", "b")
         and scored.state.endpoints[1].adapters == ()
     )
+
+
+def test_capacity_exponent_shapes_the_split() -> None:
+    pool = POOL.model_copy(
+        update={
+            "endpoints": tuple(
+                e.model_copy(update={"hardware": h})
+                for e, h in zip(POOL.endpoints, ["h100", "a100"], strict=True)
+            )
+        }
+    )
+    signals_ = {A: signals(), B: signals()}
+    for exponent, expected in ((1.0, MAX_WEIGHT / 2), (3.0, MAX_WEIGHT / 8)):
+        settings = BalancingConfig.model_validate(
+            {
+                "smoothing": 1.0,
+                "hardware_capacity": {"h100": 2.0, "a100": 1.0},
+                "scorers": {"capacity": exponent},
+            }
+        )
+        _, b = score_pool(pool, settings=settings, signals=signals_, memory={}).state.endpoints
+        assert b.weight == pytest.approx(expected, rel=0.08)

@@ -14,10 +14,13 @@ with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off)
 - capacity: the pod's serving capacity relative to the pool's largest, from its hardware
   class (`balancing.hardware_capacity`) or else from its KV-cache size (vLLM's
   `cache_config_info`): KV blocks track GPU memory and, within a model, throughput. The
-  default exponent is 2, not 1: weights proportional to throughput would give a pod 12x
-  slower a twelfth of the in-flight requests, each of which then waits far longer for its
-  first token than on a fast pod; squaring keeps the slow pods for when the fast ones
-  queue (the queue scorer then cuts the fast pods' weights).
+  default exponent is 4, not 1. Envoy's weighted least request is proportional, not
+  argmax: a host's share is its weight / (active + 1) over the sum of them, so a pod 12x
+  slower with a throughput-proportional weight still gets a steady trickle of requests,
+  each of which waits far longer for its first token than in a fast pod's queue. The 4th
+  power keeps slow pods as standby for when the fast ones queue deeply (the queue scorer
+  then cuts the fast pods' weights), while pods within ~10% of each other still share
+  almost evenly. MAX_WEIGHT is 100,000 so that such small weights keep their resolution.
 - waiting: requests queued in the engine. One waiting request already means the pod is
   full; with the default exponent 2 it quarters the weight.
 - kv_headroom: 1 up to 80% KV-cache use, then falling linearly to 0.05 at full: a pod that
@@ -50,7 +53,7 @@ from xds_server.policy.state import EndpointState, Health, PoolState
 
 __all__ = ["KV_KNEE", "MAX_WEIGHT", "PodSignals", "ScoredPool", "endpoint_id", "score_pool"]
 
-MAX_WEIGHT = 1000
+MAX_WEIGHT = 100_000
 KV_KNEE = 0.8
 _KV_FLOOR = 0.05
 _LADDER = 1.15
