@@ -44,9 +44,6 @@ from envoy.type.v3 import percent_pb2
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.envoy import _protos, names
 
-# Re-exported: build_endpoints lived here before it moved to endpoints.py.
-from xds_server.envoy.endpoints import build_endpoints
-
 __all__ = [
     "LEAST_REQUEST_POLICY",
     "RING_HASH_POLICY",
@@ -54,7 +51,6 @@ __all__ = [
     "SUBSET_POLICY",
     "build_cluster",
     "build_clusters",
-    "build_endpoints",
     "build_session_cluster",
 ]
 

@@ -17,7 +17,7 @@ from xds_server.metrics.scraper import Scraper, ScrapeTarget
 from xds_server.metrics.store import MetricsStore, PodObservation
 from xds_server.policy.scoring import PodSignals, endpoint_id
 
-__all__ = ["AdapterResidency", "PodMetricsSource", "scrape_targets", "signals_of"]
+__all__ = ["PodMetricsSource", "scrape_targets", "signals_of"]
 
 
 def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
@@ -35,11 +35,8 @@ def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
     return targets
 
 
-def signals_of(observation: PodObservation, *, resident: tuple[str, ...] = ()) -> PodSignals | None:
-    """The policy's view of one pod; None for a pod with no verdict yet.
-
-    `resident` adds adapters the pod is believed to still hold (see AdapterResidency).
-    """
+def signals_of(observation: PodObservation) -> PodSignals | None:
+    """The policy's view of one pod; None for a pod with no verdict yet."""
     metrics = observation.metrics
     if metrics is None:
         if observation.failing_for_s is None:
@@ -52,43 +49,9 @@ def signals_of(observation: PodObservation, *, resident: tuple[str, ...] = ()) -
         running=metrics.running,
         kv_usage=metrics.kv_usage,
         kv_capacity_tokens=metrics.kv_capacity_tokens,
-        adapters=tuple(sorted({*metrics.lora_running, *metrics.lora_waiting, *resident})),
+        adapters=tuple(sorted({*metrics.lora_running, *metrics.lora_waiting})),
         prefix_hit_rate=observation.prefix_hit_rate,
     )
-
-
-class AdapterResidency:
-    """Which LoRA adapters each pod most likely still holds in GPU memory.
-
-    vLLM reports only the adapters of running and waiting requests, but an adapter stays
-    loaded after its last request until another one needs the slot (LRU). Forgetting it at
-    once would send the adapter's next request elsewhere and cost a load there. So an
-    adapter seen on a pod counts as resident while it is among the pod's `max_lora` most
-    recently seen adapters (vLLM's `max_lora` label, else `default_slots`).
-
-    Mutable state: per pod, adapters in order of last sighting.
-    """
-
-    def __init__(self, *, default_slots: int = 1) -> None:
-        self._default_slots = default_slots
-        self._seen: dict[str, dict[str, None]] = {}
-
-    def update(self, pod_id: str, observation: PodObservation) -> tuple[str, ...]:
-        """Record what `observation` shows and return the adapters believed resident."""
-        metrics = observation.metrics
-        seen = self._seen.setdefault(pod_id, {})
-        if metrics is not None:
-            for adapter in (*metrics.lora_waiting, *metrics.lora_running):
-                seen.pop(adapter, None)
-                seen[adapter] = None
-            slots = metrics.max_lora or self._default_slots
-            while len(seen) > slots:
-                del seen[next(iter(seen))]
-        return tuple(seen)
-
-    def forget_except(self, pod_ids: set[str]) -> None:
-        for pod_id in set(self._seen) - pod_ids:
-            del self._seen[pod_id]
 
 
 class PodMetricsSource:
@@ -102,7 +65,6 @@ class PodMetricsSource:
         self.scraper = scraper
         self.store: MetricsStore = scraper.store
         self._clock = clock
-        self._residency = AdapterResidency()
 
     def follow(self, config: RoutingConfig) -> None:
         """Scrape what `config` makes GPU-aware, at its interval; forget the rest."""
@@ -110,15 +72,10 @@ class PodMetricsSource:
         self.scraper.interval_s = config.balancing.scrape_interval_s
         self.scraper.timeout_s = config.balancing.scrape_timeout_s
         self.scraper.set_targets(targets)
-        self._residency.forget_except(set(targets))
 
     def signals(self) -> Mapping[str, PodSignals]:
-        signals = {}
-        for pod_id, observation in self.store.snapshot(self._clock()).items():
-            resident = self._residency.update(pod_id, observation)
-            if (s := signals_of(observation, resident=resident)) is not None:
-                signals[pod_id] = s
-        return signals
+        snapshot = self.store.snapshot(self._clock())
+        return {pod_id: s for pod_id, o in snapshot.items() if (s := signals_of(o)) is not None}
 
     def observations(self) -> Mapping[str, PodObservation]:
         return self.store.snapshot(self._clock())
