@@ -168,6 +168,8 @@ async def _run_policy(
             max_in_flight=5000,
         )
         sim_lag = _simulator_lag(fleet)
+        # Retire the pods before they stop, as a drained deployment would.
+        gateway.app.submit_config(_routing(scenario, policy, []))
         engines = [pod.state_snapshot().engine for pod in fleet]
     summary = summarize(result.results, duration_s=scenario.trace.duration_s).to_json()
     served_by = Counter(r.backend_id or "none" for r in result.results if r.status == 200)

@@ -31,7 +31,7 @@ def test_demo_compares_policies_on_a_simulated_fleet() -> None:
         "KV cache",
         "Same traffic, two policies",
         "round robin",
-        "least request",
+        "this project",
     ):
         assert expected in out, (expected, out[-3000:])
     assert "curl -N http://127.0.0.1:" in out

@@ -56,17 +56,20 @@ LOAD = 0.65  # of the fleet's nominal capacity
 
 @dataclass(frozen=True)
 class _Phase:
+    label: str
     title: str
     balancing: str
 
 
 PHASES = (
-    _Phase("Envoy round robin (a Kubernetes Service)", "round_robin"),
-    _Phase("this project (Envoy weighted least request, configured over xDS)", "least_request"),
+    _Phase("round robin", "Envoy round robin (a Kubernetes Service)", "round_robin"),
+    _Phase("this project", "this project (GPU-aware weights over xDS)", "least_request"),
 )
 
 
-def _config(listener_port: int, fleet: Fleet, balancing: str) -> RoutingConfig:
+def _config(listener_port: int, fleet: Fleet | None, balancing: str) -> RoutingConfig:
+    """The demo's pool over `fleet`'s pods (none when `fleet` is None)."""
+    endpoints = [] if fleet is None else fleet.endpoints()
     return RoutingConfig.model_validate(
         {
             "listener": {"address": "127.0.0.1", "port": listener_port},
@@ -76,9 +79,7 @@ def _config(listener_port: int, fleet: Fleet, balancing: str) -> RoutingConfig:
                     "name": "llama",
                     "models": [MODEL],
                     "balancing": balancing,
-                    "endpoints": [
-                        {"address": host, "port": port} for _, host, port in fleet.endpoints()
-                    ],
+                    "endpoints": [{"address": host, "port": port} for _, host, port in endpoints],
                 }
             ],
         }
@@ -177,6 +178,8 @@ async def _phase(
             live.update(_view(phase.title, fleet, gateway, started, duration_s))
         result = replaying.result()
         routed = {pod.name: sum(pod.state_snapshot().engine.finished.values()) for pod in fleet}
+        # Retire the pods before they stop, as a drained deployment would.
+        gateway.app.submit_config(_config(listener_port, None, phase.balancing))
     return summarize(result.results, duration_s=duration_s), routed
 
 
@@ -192,7 +195,7 @@ def _comparison(summaries: Sequence[tuple[_Phase, Summary, dict[str, int]]]) -> 
         slow = sum(v for k, v in routed.items() if k.startswith("a10g"))
         errors = sum(v for k, v in summary.status_counts.items() if k != "200")
         table.add_row(
-            phase.balancing.replace("_", " "),
+            phase.label,
             ms(summary.ttft_p50_s),
             ms(summary.ttft_p99_s),
             f"{summary.output_tokens_per_s:,.0f}",
@@ -261,3 +264,4 @@ async def run_demo(
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), duration_s)
+        gateway.app.submit_config(_config(port, None, "least_request"))
