@@ -1,4 +1,5 @@
-"""The running server: config source, controller, ADS gRPC server and admin HTTP, together.
+"""The running server: config source, pod-metrics scraper, controller, ADS gRPC server and
+admin HTTP, together.
 
 `XdsApplication` is an async context manager so that the CLI, the local demo and the tests
 start and stop exactly the same thing.
