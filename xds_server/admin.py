@@ -83,11 +83,8 @@ class AdminServer:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._requested_port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        await web.TCPSite(self._runner, self._host, self._requested_port).start()
+        self.port = int(self._runner.addresses[0][1])
 
     async def stop(self) -> None:
         await self._runner.cleanup()
