@@ -64,6 +64,31 @@ def test_good_config_with_defaults() -> None:
         ("pools: [{name: a, models: ['<missing>']}]", "'<missing>' is reserved"),
         ('pools: [{name: a, models: ["m\\n"]}]', "has control characters"),
         ("pools: [", "not valid YAML"),
+        (
+            "pools: [{name: a, models: [m], selector: {match_labels: {}, target_port: 80}}]",
+            "match_labels: Dictionary should have at least 1 item",
+        ),
+        (
+            "pools: [{name: a, models: [m], selector: {match_labels: {'a b': x}, "
+            "target_port: 80}}]",
+            "pools.0.selector.match_labels.a b.[key]",
+        ),
+        (
+            "pools: [{name: a, models: [m]}]\n"
+            "model_rewrites: [{model: x, targets: [{model: nope, weight: 1}]}]",
+            "rewrite of 'x' targets models no pool serves: nope",
+        ),
+        (
+            "pools: [{name: a, models: [m]}]\n"
+            "model_rewrites: [{model: x, targets: [{model: m, weight: 0}]}]",
+            "every target of 'x' has weight 0",
+        ),
+        (
+            "pools: [{name: a, models: [m]}]\nmodel_rewrites: ["
+            "{model: x, targets: [{model: m, weight: 1}]}, "
+            "{model: x, targets: [{model: m, weight: 2}]}]",
+            "models rewritten twice: x",
+        ),
     ],
 )
 def test_bad_config_names_the_problem(document: str, message: str) -> None:
@@ -76,3 +101,13 @@ def test_bad_config_names_the_problem(document: str, message: str) -> None:
 def test_load_config_reports_unreadable_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_pod_selector_renders_a_sorted_label_selector() -> None:
+    config = parse_config(
+        "pools: [{name: a, models: [m], selector: "
+        "{match_labels: {'xds-server.io/engine': vllm, app: llama}, target_port: 8000}}]"
+    )
+    selector = config.pools[0].selector
+    assert selector is not None and selector.target_port == 8000
+    assert selector.label_selector == "app=llama,xds-server.io/engine=vllm"

@@ -20,9 +20,13 @@ from xds_server.errors import ConfigError
 __all__ = [
     "BalancingConfig",
     "ConfigError",
+    "Engine",
     "EndpointConfig",
     "ListenerConfig",
+    "ModelRewrite",
+    "PodSelector",
     "PoolConfig",
+    "RewriteTarget",
     "RoutingConfig",
     "ScorerWeights",
     "UpdatesConfig",
@@ -32,6 +36,14 @@ __all__ = [
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
+ModelName = Annotated[str, Field(min_length=1, max_length=256)]
+# The model servers whose /metrics this server reads (see the README's metrics adapters).
+Engine = Literal["vllm", "sglang", "tgi", "triton", "trtllm"]
+# Kubernetes label keys and values (the API server's own limits, simplified).
+_LABEL_NAME = r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
+_LabelKey = Annotated[str, Field(pattern=rf"^([a-z0-9.-]{{1,253}}/)?{_LABEL_NAME}$")]
+_LabelValue = Annotated[str, Field(pattern=rf"^({_LABEL_NAME})?$")]
+_Namespace = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
 
 
 class _Strict(BaseModel):
@@ -48,6 +60,11 @@ class EndpointConfig(_Strict):
     weight: Annotated[int, Field(ge=1, le=1_000_000)] = 1
     # Hardware class (e.g. "h100"), looked up in `balancing.hardware_capacity`.
     hardware: str | None = None
+    # The model server, when it differs from the pool's `engine`.
+    engine: Engine | None = None
+    # Takes no new requests and finishes the ones it has (Envoy's DRAINING); set for pods
+    # being deleted, and usable by hand to take an endpoint out gracefully.
+    draining: bool = False
 
     @field_validator("address")
     @classmethod
@@ -59,6 +76,21 @@ class EndpointConfig(_Strict):
         return value
 
 
+class PodSelector(_Strict):
+    """Kubernetes pods that are a pool's endpoints: those with all of `match_labels`."""
+
+    match_labels: Annotated[dict[_LabelKey, _LabelValue], Field(min_length=1)]
+    # The port each pod serves the OpenAI API on (an InferencePool's `targetPorts`).
+    target_port: Port
+    # Where to look; empty means the namespaces the server watches (`--watch-namespace`).
+    namespaces: tuple[_Namespace, ...] = ()
+
+    @property
+    def label_selector(self) -> str:
+        """The selector as the Kubernetes API takes it: `a=b,c=d`, sorted."""
+        return ",".join(f"{key}={value}" for key, value in sorted(self.match_labels.items()))
+
+
 class PoolConfig(_Strict):
     """A set of interchangeable model-server endpoints that serve the same models."""
 
@@ -67,12 +99,10 @@ class PoolConfig(_Strict):
     # default: Envoy's own in-flight counting, per request) or round robin (what a
     # Kubernetes Service gives; the benchmark's baseline).
     balancing: Literal["least_request", "round_robin"] = "least_request"
-    models: Annotated[
-        tuple[Annotated[str, Field(min_length=1, max_length=256)], ...], Field(min_length=1)
-    ]
+    models: Annotated[tuple[ModelName, ...], Field(min_length=1)]
     # LoRA adapters the pool's pods can serve: a request whose `model` names one goes to a
     # pod that holds it (LoRA affinity), else to the pods with the most headroom.
-    adapters: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = ()
+    adapters: tuple[ModelName, ...] = ()
     # Consistent hashing with bounded load on the request's session key (`x-session-id`,
     # or the body's `prompt_cache_key` or `user`) so that a conversation, and the prompt
     # prefix it shares, meets the pod that has it cached. Requests without a key are
@@ -82,11 +112,13 @@ class PoolConfig(_Strict):
     # below, i.e. Envoy's least request on its own.
     gpu_aware: bool = True
     # The model server, for reading its /metrics (see the README's metrics adapters).
-    engine: Literal["vllm", "sglang", "tgi", "triton", "trtllm"] = "vllm"
+    engine: Engine = "vllm"
     # Where each endpoint serves /metrics; by default its serving port.
     metrics_port: Annotated[int | None, Field(ge=1, le=65535)] = None
     metrics_path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
     endpoints: tuple[EndpointConfig, ...] = ()
+    # On Kubernetes: the pods that are endpoints too (besides `endpoints`), found by label.
+    selector: PodSelector | None = None
 
     @property
     def weights_from_metrics(self) -> bool:
@@ -168,6 +200,11 @@ class BalancingConfig(_Strict):
     # of session affinity (a pod takes at most this multiple of the mean load).
     smoothing: Annotated[float, Field(gt=0, le=1)] = 0.5
     hash_balance_factor: Annotated[int, Field(ge=100, le=1000)] = 150
+    # How much Envoy's own in-flight count corrects the weights in GPU-aware pools: with
+    # unequal weights Envoy picks by weight / (active + 1)^bias (least_request_lb_config
+    # active_request_bias). 0: the weights alone, as Envoy's weighted round robin (which
+    # with equal weights is plain round robin, not least request's power of two choices).
+    active_request_bias: Annotated[float, Field(ge=0, le=10)] = 1.0
 
 
 class UpdatesConfig(_Strict):
@@ -177,11 +214,43 @@ class UpdatesConfig(_Strict):
     max_delay_s: Annotated[float, Field(ge=0, le=60)] = 1.0
 
 
+class RewriteTarget(_Strict):
+    """One share of a rewritten model's traffic: the model it goes to, and its weight."""
+
+    model: ModelName
+    weight: Annotated[int, Field(ge=0, le=1_000_000)]
+
+
+class ModelRewrite(_Strict):
+    """A weighted split (canary) of the requests for `model` over other models' pools.
+
+    Envoy picks a target per request by weight and routes to the pool serving it, with
+    `x-gateway-model-name` set to the target. The body's `model` is not rewritten (stock
+    Envoy cannot edit a JSON body without a callout), so each target's servers must accept
+    the requested name too (vLLM: `--served-model-name` with both names).
+    """
+
+    model: ModelName
+    targets: Annotated[tuple[RewriteTarget, ...], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _sensible_targets(self) -> ModelRewrite:
+        names = [t.model for t in self.targets]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"targets listed twice for {self.model!r}: {', '.join(twice)}")
+        if not any(t.weight for t in self.targets):
+            raise ValueError(f"every target of {self.model!r} has weight 0")
+        return self
+
+
 class RoutingConfig(_Strict):
     """The whole routing document."""
 
     listener: ListenerConfig = ListenerConfig()
     pools: Annotated[tuple[PoolConfig, ...], Field(min_length=1)]
+    # Weighted splits between model names (canary); see ModelRewrite.
+    model_rewrites: tuple[ModelRewrite, ...] = ()
     balancing: BalancingConfig = BalancingConfig()
     updates: UpdatesConfig = UpdatesConfig()
 
@@ -199,6 +268,17 @@ class RoutingConfig(_Strict):
                         f"model {model!r} is served by both pool {owner[model]!r} and {pool.name!r}"
                     )
                 owner[model] = pool.name
+        rewritten = [r.model for r in self.model_rewrites]
+        twice = sorted({m for m in rewritten if rewritten.count(m) > 1})
+        if twice:
+            raise ValueError(f"models rewritten twice: {', '.join(twice)}")
+        for rewrite in self.model_rewrites:
+            unserved = sorted(t.model for t in rewrite.targets if t.model not in owner)
+            if unserved:
+                raise ValueError(
+                    f"rewrite of {rewrite.model!r} targets models no pool serves: "
+                    f"{', '.join(unserved)}"
+                )
         return self
 
     def pool_of(self, model: str) -> PoolConfig | None:

@@ -19,7 +19,7 @@ from typing import Protocol
 from xds_server import envoy
 from xds_server.config import RoutingConfig
 from xds_server.errors import ConfigError, XdsServerError
-from xds_server.policy.scoring import PodSignals, score_pool
+from xds_server.policy.scoring import PodSignals, endpoint_id, score_pool
 from xds_server.policy.state import DesiredState
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
@@ -206,6 +206,7 @@ class Controller:
                 settings=config.balancing,
                 signals=signals,
                 memory=self._memory.get(pool.name, {}),
+                draining={endpoint_id(e) for e in pool.endpoints if e.draining},
             )
             self._memory[pool.name] = scored.memory
             pools[pool.name] = scored.state

@@ -30,9 +30,12 @@ class ConfigFile:
         debounce_s: float = 0.02,
         balancing: str = "least_request",
         gpu_aware: bool = False,
+        model_rewrites: Iterable[Mapping[str, Any]] = (),
+        adapters: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
         """Write the pools; `gpu_aware` is off by default: these backends have no /metrics."""
-        document = {
+        document: dict[str, Any] = {
+            "model_rewrites": list(model_rewrites),
             "listener": {"address": "127.0.0.1", "port": listener_port},
             "updates": {"debounce_s": debounce_s, "max_delay_s": 0.2},
             "pools": [
@@ -41,6 +44,7 @@ class ConfigFile:
                     "balancing": balancing,
                     "gpu_aware": gpu_aware,
                     "models": list(models),
+                    "adapters": list((adapters or {}).get(name, ())),
                     "endpoints": [
                         {"address": b.host, "port": b.port, "weight": w} for b, w in endpoints
                     ],

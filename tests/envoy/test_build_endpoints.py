@@ -175,3 +175,15 @@ def test_a_weight_below_one_is_refused(affinity_config: RoutingConfig) -> None:
     zero = EndpointState(address="10.0.0.1", port=8000, weight=0)
     with pytest.raises(ValueError, match="weight 0"):
         build_endpoints(affinity_config, _state("llm", zero))
+
+
+def test_a_draining_config_endpoint_is_draining(affinity_config: RoutingConfig) -> None:
+    plain = affinity_config.pools[2]
+    drained = plain.model_copy(
+        update={"endpoints": (plain.endpoints[0].model_copy(update={"draining": True}),)}
+    )
+    config = affinity_config.model_copy(
+        update={"pools": (*affinity_config.pools[:2], drained)}
+    )
+    (endpoint,) = _endpoints(_by_pool(build_endpoints(config))["plain"])
+    assert endpoint["health"] == "DRAINING"

@@ -8,7 +8,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 
-from xds_server.config import RoutingConfig
+from tests.envoy.conftest import AFFINITY_YAML
+from xds_server.config import RoutingConfig, parse_config
 from xds_server.envoy import build_routes, names
 from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
 from xds_server.envoy.routes import MAX_SESSION_KEY_CHARS, SESSION_KEY_REGEX
@@ -284,3 +285,34 @@ def test_an_adapter_named_like_a_sentinel_is_refused(
     )
     with pytest.raises(ValueError, match="reserved"):
         build_routes(affinity_config.model_copy(update={"pools": (pool,)}))
+
+
+
+def test_a_rewritten_model_splits_by_weight_before_other_routes() -> None:
+    config = parse_config(
+        AFFINITY_YAML
+        + """
+model_rewrites:
+  - model: base
+    targets:
+      - {model: base, weight: 9}
+      - {model: lora-a, weight: 1}
+      - {model: plain-model, weight: 0}
+"""
+    )
+    routes = _routes(config)
+    assert [r.name for r in routes[:1]] == ["split-model/base"]
+    # The rewritten model has no other route (its session routes included).
+    assert not [r.name for r in routes if r.name.endswith("/base") and "split" not in r.name]
+    (split,) = [r for r in routes if r.name == "split-model/base"]
+    assert _metadata_value(split).string_match.exact == "base"
+    clusters = split.route.weighted_clusters.clusters
+    assert [(c.name, c.weight.value) for c in clusters] == [("llm", 9), ("llm", 1)]
+    assert [c.request_headers_to_add[0].header.value for c in clusters] == ["base", "lora-a"]
+    assert not clusters[0].HasField("metadata_match")
+    subset = clusters[1].metadata_match.filter_metadata[names.LB_METADATA_NAMESPACE]
+    assert subset[names.LORA_KEY] == "lora-a"
+    (by_header,) = [r for r in routes if r.name == "split-header/base"]
+    assert by_header.match.headers[0].string_match.exact == "base"
+    # The targets keep their own routes.
+    assert "model/lora-a" in [r.name for r in routes]

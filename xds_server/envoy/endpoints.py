@@ -34,7 +34,7 @@ from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import PoolConfig, RoutingConfig
+from xds_server.config import EndpointConfig, PoolConfig, RoutingConfig
 from xds_server.envoy import names
 from xds_server.policy.state import DesiredState, EndpointState, Health, PoolState
 
@@ -62,10 +62,7 @@ def build_endpoints(config: RoutingConfig, state: DesiredState | None = None) ->
     for pool in config.pools:
         pool_state = decided.get(pool.name)
         if pool_state is None:
-            lb_endpoints = [
-                _lb_endpoint(e.address, e.port, e.weight, metadata=_metadata(pool, (), e.hardware))
-                for e in pool.endpoints
-            ]
+            lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
         else:
             lb_endpoints = [_from_state(pool, e) for e in _checked(pool.name, pool_state.endpoints)]
         assignments.append(
@@ -91,6 +88,18 @@ def _checked(pool: str, endpoints: Iterable[EndpointState]) -> list[EndpointStat
                 f" {endpoint.weight}; EDS weights start at 1"
             )
     return ordered
+
+
+def _from_config(pool: PoolConfig, endpoint: EndpointConfig) -> _Any:
+    lb_endpoint = _lb_endpoint(
+        endpoint.address,
+        endpoint.port,
+        endpoint.weight,
+        metadata=_metadata(pool, (), endpoint.hardware),
+    )
+    if endpoint.draining:
+        lb_endpoint.health_status = HEALTH_STATUS[Health.DRAINING]
+    return lb_endpoint
 
 
 def _from_state(pool: PoolConfig, endpoint: EndpointState) -> _Any:

@@ -26,6 +26,11 @@ Envoy's 500 for a missing cluster instead of reaching a wrong pool.
 
 Every route to a pool sets names.ROUTED_MODEL_HEADER to the model it was routed by.
 
+**Splits.** A model in `model_rewrites` has, instead of routes 1 and 2, one route each
+(`split-model/M`, `split-header/M`, before all others) with weighted clusters: one per
+target, to the target's pool (its LoRA subset for an adapter), setting
+names.ROUTED_MODEL_HEADER to the target. Envoy picks the target per request by weight.
+
 "Model" above means a pool's models and its LoRA adapters alike. Two refinements:
 
 - **LoRA affinity.** A route for adapter A carries `metadata_match` `envoy.lb: {lora: A}`:
@@ -60,7 +65,7 @@ from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import PoolConfig, RoutingConfig
+from xds_server.config import ModelRewrite, PoolConfig, RoutingConfig
 from xds_server.envoy import _errors, _protos, names
 from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
 
@@ -96,10 +101,12 @@ def build_routes(config: RoutingConfig) -> list[_Any]:
     which the routes could not tell apart from a request without a model, or a model
     whose name cannot be a header value (Envoy would reject the whole route config).
     """
+    rewrites = {r.model: r for r in config.model_rewrites}
     served = [
         (pool, model, model in pool.adapters)
         for pool in config.pools
         for model in (*pool.models, *pool.adapters)
+        if model not in rewrites
     ]
     reserved = sorted(m for _, m, _ in served if m in names.SENTINELS)
     if reserved:
@@ -107,16 +114,22 @@ def build_routes(config: RoutingConfig) -> list[_Any]:
     unsendable = sorted(repr(m) for _, m, _ in served if _HEADER_UNSAFE.intersection(m))
     if unsendable:
         raise ValueError(f"model names with CR, LF or NUL: {', '.join(unsendable)}")
+    unsendable = sorted(repr(m) for m in rewrites if _HEADER_UNSAFE.intersection(m))
+    if unsendable:
+        raise ValueError(f"rewritten model names with CR, LF or NUL: {', '.join(unsendable)}")
     header = config.listener.model_header
     routes = []
+    for rewrite in config.model_rewrites:
+        match = _match(metadata=_string(exact=rewrite.model))
+        routes.append(_split(config, rewrite, kind="model", match=match))
     for pool, model, adapter in served:
         match = _match(metadata=_string(exact=model))
         routes += _to_pool(config, pool, model, adapter=adapter, kind="model", match=match)
+    for rewrite in config.model_rewrites:
+        match = _by_header(header, rewrite.model)
+        routes.append(_split(config, rewrite, kind="header", match=match))
     for pool, model, adapter in served:
-        by_header = rc_pb2.HeaderMatcher(
-            name=header, string_match=string_pb2.StringMatcher(exact=model)
-        )
-        match = _match(metadata=_string(exact=names.MODEL_MISSING), headers=[by_header])
+        match = _by_header(header, model)
         routes += _to_pool(config, pool, model, adapter=adapter, kind="header", match=match)
     routes.extend(_refusals(header))
     routes.append(
@@ -145,6 +158,36 @@ def build_routes(config: RoutingConfig) -> list[_Any]:
             validate_clusters=wrappers_pb2.BoolValue(value=False),
         )
     ]
+
+
+def _by_header(header: str, model: str) -> _Any:
+    """Requests without a body `model` whose `header` names `model`."""
+    exact = string_pb2.StringMatcher(exact=model)
+    by_header = rc_pb2.HeaderMatcher(name=header, string_match=exact)
+    return _match(metadata=_string(exact=names.MODEL_MISSING), headers=[by_header])
+
+
+def _split(config: RoutingConfig, rewrite: ModelRewrite, *, kind: str, match: _Any) -> _Any:
+    """`split-<kind>/<model>`: each request for the rewritten model goes to one target's pool,
+    picked by weight, with names.ROUTED_MODEL_HEADER naming the target (ModelRewrite)."""
+    clusters = []
+    for target in rewrite.targets:
+        pool = config.pool_of(target.model)
+        if pool is None or target.weight == 0:
+            continue
+        weighted = rc_pb2.WeightedCluster.ClusterWeight(
+            name=names.cluster_name(pool.name),
+            weight=wrappers_pb2.UInt32Value(value=target.weight),
+            request_headers_to_add=[_model_header(target.model)],
+        )
+        if target.model in pool.adapters:
+            weighted.metadata_match.CopyFrom(_lora_subset(target.model))
+        clusters.append(weighted)
+    action = rc_pb2.RouteAction(
+        weighted_clusters=rc_pb2.WeightedCluster(clusters=clusters),
+        timeout=_protos.duration(config.listener.request_timeout_s),
+    )
+    return rc_pb2.Route(name=f"split-{kind}/{rewrite.model}", match=match, route=action)
 
 
 def _to_pool(
@@ -192,10 +235,7 @@ def _action(
         timeout=_protos.duration(config.listener.request_timeout_s),
     )
     if adapter:
-        # The subset of the adapter's holders (clusters.py; endpoints.py writes the lists).
-        lora = struct_pb2.Struct()
-        lora[names.LORA_KEY] = model
-        action.metadata_match.filter_metadata[names.LB_METADATA_NAMESPACE].CopyFrom(lora)
+        action.metadata_match.CopyFrom(_lora_subset(model))
     if hashed:
         action.hash_policy.append(
             rc_pb2.RouteAction.HashPolicy(
@@ -205,21 +245,29 @@ def _action(
     return action
 
 
+def _lora_subset(adapter: str) -> _Any:
+    """The `metadata_match` of the adapter's holders (clusters.py; endpoints.py lists them)."""
+    lora = struct_pb2.Struct()
+    lora[names.LORA_KEY] = adapter
+    metadata = base_pb2.Metadata()
+    metadata.filter_metadata[names.LB_METADATA_NAMESPACE].CopyFrom(lora)
+    return metadata
+
+
+def _model_header(model: str) -> _Any:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(
+            key=names.ROUTED_MODEL_HEADER,
+            # Header values are format strings: a literal % is written %%.
+            value=model.replace("%", "%%"),
+        ),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
 def _route(name: str, match: _Any, action: _Any, model: str) -> _Any:
     return rc_pb2.Route(
-        name=name,
-        match=match,
-        route=action,
-        request_headers_to_add=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(
-                    key=names.ROUTED_MODEL_HEADER,
-                    # Header values are format strings: a literal % is written %%.
-                    value=model.replace("%", "%%"),
-                ),
-                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-            )
-        ],
+        name=name, match=match, route=action, request_headers_to_add=[_model_header(model)]
     )
 
 

@@ -30,7 +30,8 @@ def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
             port = pool.metrics_port or endpoint.port
             host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
             targets[endpoint_id(endpoint)] = ScrapeTarget(
-                url=f"http://{host}:{port}{pool.metrics_path}", engine=pool.engine
+                url=f"http://{host}:{port}{pool.metrics_path}",
+                engine=endpoint.engine or pool.engine,
             )
     return targets
 
