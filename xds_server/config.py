@@ -20,8 +20,8 @@ from xds_server.errors import ConfigError
 __all__ = [
     "BalancingConfig",
     "ConfigError",
-    "Engine",
     "EndpointConfig",
+    "Engine",
     "ListenerConfig",
     "ModelRewrite",
     "PodSelector",
