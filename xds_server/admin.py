@@ -5,13 +5,14 @@
 /readyz          200 once a snapshot is in the cache, else 503 (readiness)
 /debug/nodes     connected Envoys: node, versions sent and ACKed per type, last NACK
 /debug/snapshot  the snapshot of every group: versions and resource names
-/debug/config    the routing config in force and the last config error, if any
+/debug/config    the routing config in force, the last config error, and on Kubernetes the
+                 watches, objectives and objects that could not be used
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -21,7 +22,7 @@ from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.nodes import NodeRegistry
 
-__all__ = ["AdminServer", "make_admin_app"]
+__all__ = ["AdminServer", "DebugSource", "make_admin_app"]
 
 
 def _json(payload: Any, *, status: int = 200) -> web.Response:
@@ -30,8 +31,19 @@ def _json(payload: Any, *, status: int = 200) -> web.Response:
     )
 
 
+class DebugSource(Protocol):
+    """Something with more to show on /debug/config (Kubernetes discovery)."""
+
+    def debug(self) -> dict[str, Any]: ...
+
+
 def make_admin_app(
-    *, telemetry: Telemetry, registry: NodeRegistry, cache: SnapshotCache, controller: Controller
+    *,
+    telemetry: Telemetry,
+    registry: NodeRegistry,
+    cache: SnapshotCache,
+    controller: Controller,
+    discovery: DebugSource | None = None,
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(telemetry.registry)
@@ -60,6 +72,7 @@ def make_admin_app(
             {
                 "config": None if current is None else current.model_dump(mode="json"),
                 "last_error": controller.last_error,
+                "kubernetes": None if discovery is None else discovery.debug(),
             }
         )
 

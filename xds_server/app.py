@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import grpc
 
@@ -23,22 +25,46 @@ from xds_server.errors import ConfigError, XdsServerError
 from xds_server.metrics import MetricsStore, Scraper, ScrapeTelemetry
 from xds_server.pod_telemetry import PodCollector
 from xds_server.sources.config_file import watch_config_file
+from xds_server.sources.kubernetes import client as kubernetes_client
+from xds_server.sources.kubernetes.configmap import watch_configmap
+from xds_server.sources.kubernetes.discovery import KubernetesDiscovery
+from xds_server.sources.kubernetes.events import EventRecorder
+from xds_server.sources.kubernetes.watch import KubernetesTelemetry
 from xds_server.sources.pod_metrics import PodMetricsSource
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.nodes import NodeRegistry
 from xds_server.xds.server import AdsServer
 
-__all__ = ["ServerSettings", "XdsApplication"]
+__all__ = ["KubernetesSettings", "ServerSettings", "XdsApplication"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServerSettings:
-    """Process-level settings (flags), as opposed to the routing config (a file)."""
+class KubernetesSettings:
+    """Where the server finds pods, Inference Extension objects and its ConfigMap."""
 
-    config_path: Path
+    # The server's own namespace: its ConfigMap and Events live here.
+    namespace: str
+    # Where pod selectors (without their own namespaces) and InferencePools are looked for.
+    watch_namespaces: tuple[str, ...]
+    # The ConfigMap holding the routing config; None reads `ServerSettings.config_path`.
+    configmap: str | None = None
+    # The API server: None means in-cluster, else the kubeconfig; `api_host` is for tests.
+    api_host: str | None = None
+    kubeconfig: Path | None = None
+    # ResourceWatcher keyword options (backoff ladder, watch timeout), for tests.
+    watcher_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """Process-level settings (flags), as opposed to the routing config (file or ConfigMap)."""
+
+    # The routing config file; unused when the config comes from a ConfigMap.
+    config_path: Path | None = None
+    kubernetes: KubernetesSettings | None = None
     xds_host: str = "127.0.0.1"
     xds_port: int = 18000
     admin_host: str = "127.0.0.1"
@@ -75,6 +101,23 @@ class XdsApplication:
             cache=self.cache, telemetry=self.telemetry, signals=self.pods.signals
         )
         self.telemetry.registry.register(PodCollector(self.pods, self.controller))
+        self.discovery: KubernetesDiscovery | None = None
+        self._kubernetes_api: Any = None
+        if settings.kubernetes is not None:
+            k = settings.kubernetes
+            self._kubernetes_api = kubernetes_client.api_client(
+                kubeconfig=k.kubeconfig, host=k.api_host
+            )
+            self._kubernetes_telemetry = KubernetesTelemetry(self.telemetry.registry)
+            self.discovery = KubernetesDiscovery(
+                self._kubernetes_api,
+                namespaces=k.watch_namespaces,
+                on_config=self.submit_config,
+                telemetry=self._kubernetes_telemetry,
+                watcher_options=k.watcher_options,
+            )
+        elif settings.config_path is None:
+            raise ValueError("ServerSettings needs a config_path, or Kubernetes with a ConfigMap.")
         self._grpc: grpc.aio.Server | None = None
         self._admin = AdminServer(
             make_admin_app(
@@ -82,6 +125,7 @@ class XdsApplication:
                 registry=self.registry,
                 cache=self.cache,
                 controller=self.controller,
+                discovery=self.discovery,
             ),
             host=settings.admin_host,
             port=settings.admin_port,
@@ -125,13 +169,17 @@ class XdsApplication:
             asyncio.create_task(self.controller.run(), name="controller"),
             asyncio.create_task(self._follow_config(), name="config-source"),
         ]
+        if self.discovery is not None:
+            self._tasks.append(
+                asyncio.create_task(self.discovery.run(), name="kubernetes-discovery")
+            )
         logger.info(
-            "xDS server listening on %s:%d (gRPC ADS), admin on http://%s:%d, config %s.",
+            "xDS server listening on %s:%d (gRPC ADS), admin on http://%s:%d, config from %s.",
             s.xds_host,
             self.xds_port,
             s.admin_host,
             self.admin_port,
-            s.config_path,
+            self.config_source,
         )
         return self
 
@@ -145,12 +193,35 @@ class XdsApplication:
             ) from (failed.exception())
         raise XdsServerError("A background task stopped although nothing asked it to.")
 
+    @property
+    def config_source(self) -> str:
+        """Where the routing config comes from, for logs."""
+        k = self.settings.kubernetes
+        if k is not None and k.configmap is not None:
+            return f"ConfigMap {k.namespace}/{k.configmap}"
+        return str(self.settings.config_path)
+
+    def _config_documents(self) -> AsyncIterator[RoutingConfig | ConfigError]:
+        k = self.settings.kubernetes
+        if k is not None and k.configmap is not None:
+            return watch_configmap(
+                self._kubernetes_api,
+                namespace=k.namespace,
+                name=k.configmap,
+                events=EventRecorder(self._kubernetes_api, telemetry=self._kubernetes_telemetry),
+                telemetry=self._kubernetes_telemetry,
+                watcher_options=k.watcher_options,
+            )
+        assert self.settings.config_path is not None
+        return watch_config_file(self.settings.config_path, interval_s=self.settings.config_poll_s)
+
     async def _follow_config(self) -> None:
-        async for item in watch_config_file(
-            self.settings.config_path, interval_s=self.settings.config_poll_s
-        ):
+        async for item in self._config_documents():
             if isinstance(item, ConfigError):
                 self.controller.reject(item)
+            elif self.discovery is not None:
+                # The cluster adds pools, endpoints and splits; discovery submits the result.
+                self.discovery.set_base(item)
             else:
                 self.submit_config(item)
 
@@ -184,3 +255,5 @@ class XdsApplication:
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self._admin.stop()
+        if self._kubernetes_api is not None:
+            await asyncio.to_thread(self._kubernetes_api.close)

@@ -53,10 +53,24 @@ def _configure_logging(level: str, fmt: str) -> None:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    from xds_server.app import ServerSettings, XdsApplication
+    if args.configmap is not None and not args.kubernetes:
+        raise SystemExit("xds-server run: --configmap needs --kubernetes")
+    from xds_server.app import KubernetesSettings, ServerSettings, XdsApplication
 
+    kubernetes = None
+    if args.kubernetes:
+        from xds_server.sources.kubernetes.client import own_namespace
+
+        namespace = args.namespace or own_namespace()
+        kubernetes = KubernetesSettings(
+            namespace=namespace,
+            watch_namespaces=tuple(args.watch_namespace or (namespace,)),
+            configmap=args.configmap,
+            kubeconfig=args.kubeconfig,
+        )
     settings = ServerSettings(
         config_path=args.config,
+        kubernetes=kubernetes,
         xds_host=args.xds_address,
         xds_port=args.xds_port,
         admin_host=args.admin_address,
@@ -118,8 +132,26 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("run", help="serve a routing config to Envoys over ADS")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="routing config (YAML), re-read on change")
+    source.add_argument(
+        "--configmap", help="the ConfigMap holding the routing config (with --kubernetes)"
+    )
     run.add_argument(
-        "--config", type=Path, required=True, help="routing config (YAML), re-read on change"
+        "--kubernetes",
+        action="store_true",
+        help="discover pods and Inference Extension objects through the Kubernetes API",
+    )
+    run.add_argument(
+        "--namespace", help="the server's namespace (default: its service account's)"
+    )
+    run.add_argument(
+        "--watch-namespace",
+        action="append",
+        help="where to look for pods and InferencePools (repeatable; default: --namespace)",
+    )
+    run.add_argument(
+        "--kubeconfig", type=Path, help="outside a cluster: the kubeconfig (default ~/.kube/config)"
     )
     run.add_argument("--xds-address", default="127.0.0.1", help="gRPC ADS bind address")
     run.add_argument("--xds-port", type=int, default=18000)

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from xds_server.app import ServerSettings, XdsApplication
+from xds_server.app import KubernetesSettings, ServerSettings, XdsApplication
 from xds_server.envoy import names, render_bootstrap
 from xds_server.local.envoy_process import EnvoyProcess
 
@@ -29,21 +29,27 @@ class LocalGateway:
 
 @asynccontextmanager
 async def run_local_gateway(
-    config_path: Path,
+    config_path: Path | None,
     *,
+    kubernetes: KubernetesSettings | None = None,
     delta: bool = False,
     node_id: str = "envoy-local",
     config_poll_s: float = 0.2,
     envoy_log_level: str = "warn",
     start_timeout_s: float = 20.0,
 ) -> AsyncIterator[LocalGateway]:
-    """Start the server on `config_path` and an Envoy that takes its config from it.
+    """Start the server on `config_path` (or on Kubernetes, `kubernetes`) and an Envoy that
+    takes its config from it.
 
     Returns once Envoy is LIVE with the listener bound (all on 127.0.0.1; the server's ports
     and a listener port of 0 are chosen by the OS and read back).
     """
     settings = ServerSettings(
-        config_path=config_path, xds_port=0, admin_port=0, config_poll_s=config_poll_s
+        config_path=config_path,
+        kubernetes=kubernetes,
+        xds_port=0,
+        admin_port=0,
+        config_poll_s=config_poll_s,
     )
     async with XdsApplication(settings) as app:
         await app.wait_ready(within_s=start_timeout_s)

@@ -42,11 +42,11 @@ from xds_server.config import (
 
 __all__ = [
     "ADAPTERS_ANNOTATION",
+    "ClusterView",
     "ENGINE_LABEL",
     "HARDWARE_LABEL",
-    "MODELS_ANNOTATION",
-    "ClusterView",
     "Inventory",
+    "MODELS_ANNOTATION",
     "PodWatch",
     "build_inventory",
     "objectives",
