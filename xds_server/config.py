@@ -18,11 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from xds_server.errors import ConfigError
 
 __all__ = [
+    "BANDS",
     "BalancingConfig",
+    "Band",
     "ConfigError",
     "EndpointConfig",
     "Engine",
+    "FlowControlConfig",
     "ListenerConfig",
+    "ModelBands",
     "ModelRewrite",
     "PodSelector",
     "PoolConfig",
@@ -37,6 +41,9 @@ __all__ = [
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 ModelName = Annotated[str, Field(min_length=1, max_length=256)]
+# Flow-control bands, most important first.
+Band = Literal["critical", "standard", "sheddable"]
+BANDS: tuple[Band, ...] = ("critical", "standard", "sheddable")
 # The model servers whose /metrics this server reads (see the README's metrics adapters).
 Engine = Literal["vllm", "sglang", "tgi", "triton", "trtllm"]
 # Kubernetes label keys and values (the API server's own limits, simplified).
@@ -200,11 +207,47 @@ class BalancingConfig(_Strict):
     # of session affinity (a pod takes at most this multiple of the mean load).
     smoothing: Annotated[float, Field(gt=0, le=1)] = 0.5
     hash_balance_factor: Annotated[int, Field(ge=100, le=1000)] = 150
-    # How much Envoy's own in-flight count corrects the weights in GPU-aware pools: with
-    # unequal weights Envoy picks by weight / (active + 1)^bias (least_request_lb_config
-    # active_request_bias). 0: the weights alone, as Envoy's weighted round robin (which
-    # with equal weights is plain round robin, not least request's power of two choices).
-    active_request_bias: Annotated[float, Field(ge=0, le=10)] = 1.0
+    # How much Envoy's own in-flight count corrects the weights in GPU-aware pools: above 0,
+    # Envoy's least request picks by weight / (active + 1)^bias when weights differ
+    # (least_request_lb_config active_request_bias) and by power of two choices on active
+    # requests when they are equal. 0 (default): the weights alone, as Envoy's weighted
+    # round robin, which on equal weights is plain round robin: spacing new requests evenly
+    # beats least request there (a new request's prefill, not the decodes in flight, is
+    # what its first token waits for).
+    active_request_bias: Annotated[float, Field(ge=0, le=10)] = 0.0
+
+
+class ModelBands(_Strict):
+    """The band a model's requests get when they name none, and the highest they may ask for."""
+
+    default_band: Band = "standard"
+    max_band: Band = "critical"
+
+
+class FlowControlConfig(_Strict):
+    """Admission per band (Critical, Standard, Sheddable) when demand exceeds the GPUs.
+
+    A request's band comes from, in order: the `x-gateway-inference-objective` header
+    naming an objective (priority < 0 Sheddable, 0 Standard, > 0 Critical), the
+    `band_header`, the model's `default_band`, else Standard; never above its `max_band`.
+    """
+
+    enabled: bool = False
+    # The header a client names its band in: critical, standard or sheddable.
+    band_header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] = "x-gateway-inference-band"
+    # Objectives by name and integer priority (InferenceObjectives add to these).
+    objectives: dict[Annotated[str, Field(min_length=1, max_length=253)], int] = {}
+    models: dict[ModelName, ModelBands] = {}
+    # Requests one pod serves at once without queueing, per hardware class (an endpoint's
+    # `hardware`), and for pods without one.
+    pod_concurrency: dict[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=1)]] = {}
+    default_pod_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 32
+    # Bounds of the Retry-After a refused request gets (the value is the expected drain time).
+    retry_after_min_s: Annotated[int, Field(ge=1, le=3600)] = 1
+    retry_after_max_s: Annotated[int, Field(ge=1, le=3600)] = 60
+
+    def band_of_priority(self, priority: int) -> Band:
+        return "sheddable" if priority < 0 else "critical" if priority > 0 else "standard"
 
 
 class UpdatesConfig(_Strict):
@@ -253,6 +296,7 @@ class RoutingConfig(_Strict):
     model_rewrites: tuple[ModelRewrite, ...] = ()
     balancing: BalancingConfig = BalancingConfig()
     updates: UpdatesConfig = UpdatesConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
 
     @model_validator(mode="after")
     def _unique_names(self) -> RoutingConfig:
@@ -272,6 +316,14 @@ class RoutingConfig(_Strict):
         twice = sorted({m for m in rewritten if rewritten.count(m) > 1})
         if twice:
             raise ValueError(f"models rewritten twice: {', '.join(twice)}")
+        known = {*owner, *rewritten}
+        unknown = sorted(m for m in self.flow_control.models if m not in known)
+        if unknown:
+            raise ValueError(
+                f"flow_control.models names models no pool serves: {', '.join(unknown)}"
+            )
+        if self.flow_control.retry_after_min_s > self.flow_control.retry_after_max_s:
+            raise ValueError("flow_control.retry_after_min_s is above retry_after_max_s")
         for rewrite in self.model_rewrites:
             unserved = sorted(t.model for t in rewrite.targets if t.model not in owner)
             if unserved:
