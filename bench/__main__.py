@@ -44,6 +44,13 @@ def _parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help=f"{QUICK_DURATION_S:g} s of arrivals: a smoke run"
     )
     run.add_argument("--duration", type=float, default=None, help="seconds of arrivals per run")
+    run.add_argument(
+        "--project-balancing",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="`balancing` config keys for the project policy, e.g. '{\"active_request_bias\": 0}'",
+    )
     return parser
 
 
@@ -68,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         request_scale=QUICK_REQUEST_SCALE if args.quick else 1.0,
         reaction_trials=5 if args.quick else 40,
         policies=policies,
+        project_balancing=args.project_balancing,
     )
     started = time.monotonic()
 
@@ -77,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     results, samples, titles = asyncio.run(run_benchmark(options, progress=progress))
     results["duration_s_per_run"] = duration
     results["seeds"] = args.seeds
+    results["project_balancing"] = args.project_balancing
     (args.out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
     table = markdown_table(results)
     (args.out / "results.md").write_text(table)

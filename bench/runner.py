@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import statistics
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,8 @@ class RunOptions:
     reaction_trials: int = 40
     stream_interval: int = 4
     policies: Sequence[str] = POLICIES
+    # `balancing` settings for the project's policy only (the baselines take no metrics).
+    project_balancing: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,12 +84,17 @@ class PolicyRun:
 
 
 def _routing(
-    scenario: Scenario, policy: str, endpoints: Sequence[tuple[str, int]]
+    scenario: Scenario,
+    policy: str,
+    endpoints: Sequence[tuple[str, int]],
+    *,
+    project_balancing: Mapping[str, Any] | None = None,
 ) -> RoutingConfig:
     project = policy == "project"
     return RoutingConfig.model_validate(
         {
             "listener": {"address": "127.0.0.1", "port": 0},
+            "balancing": dict(project_balancing or {}) if project else {},
             "updates": {"debounce_s": 0.05, "max_delay_s": 0.2},
             "pools": [
                 {
@@ -160,7 +168,10 @@ async def _run_policy(
         fleet,
         endpoints,
     ):
-        await _apply(gateway, _routing(scenario, policy, endpoints))
+        await _apply(
+            gateway,
+            _routing(scenario, policy, endpoints, project_balancing=options.project_balancing),
+        )
         result: ReplayResult = await run_replay_in_subprocess(
             trace_path,
             url=gateway.url,
@@ -169,7 +180,9 @@ async def _run_policy(
         )
         sim_lag = _simulator_lag(fleet)
         # Retire the pods before they stop, as a drained deployment would.
-        gateway.app.submit_config(_routing(scenario, policy, []))
+        gateway.app.submit_config(
+            _routing(scenario, policy, [], project_balancing=options.project_balancing)
+        )
         engines = [pod.state_snapshot().engine for pod in fleet]
     summary = summarize(result.results, duration_s=scenario.trace.duration_s).to_json()
     served_by = Counter(r.backend_id or "none" for r in result.results if r.status == 200)

@@ -14,6 +14,9 @@ from bench.reaction import FakeVllmPod
 from tests.e2e.conftest import eventually
 from xds_server.config import RoutingConfig
 from xds_server.local.gateway import LocalGateway, run_local_gateway
+from xds_server.sim.fleet import Fleet, PodSpec
+from xds_server.sim.pod import BACKEND_ID_HEADER
+from xds_server.sim.profiles import H100
 
 
 @contextlib.asynccontextmanager
@@ -151,3 +154,44 @@ async def _is(value, expected: str) -> bool:  # type: ignore[no-untyped-def]
 async def _all(view, expected: str) -> bool:  # type: ignore[no-untyped-def]
     got = await view
     return bool(got) and {h for _, h in got.values()} == {expected}
+
+
+async def test_bias_zero_spaces_requests_round_robin_on_a_uniform_fleet(tmp_path: Path) -> None:
+    """`balancing.active_request_bias: 0`: equal GPU-aware weights give Envoy's plain round
+    robin (each new request to the next pod), not least request's random two choices."""
+    specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(3)]
+    async with Fleet(specs, model="m") as fleet:
+        config = RoutingConfig.model_validate(
+            {
+                "listener": {"address": "127.0.0.1", "port": 0},
+                "updates": {"debounce_s": 0.02},
+                "balancing": {"scrape_interval_s": 0.1, "active_request_bias": 0},
+                "pools": [
+                    {
+                        "name": "gpu",
+                        "models": ["m"],
+                        "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in fleet.pods],
+                    }
+                ],
+            }
+        )
+        path = tmp_path / "config.yaml"
+        path.write_text(config.model_dump_json())
+        async with run_local_gateway(path, config_poll_s=3600) as gateway:
+
+            async def equal_weights() -> bool:
+                got = await hosts(gateway)
+                return len(got) == 3 and len({w for w, _ in got.values()}) == 1
+
+            await eventually(equal_weights, what="three equal weights")
+            order = []
+            async with aiohttp.ClientSession() as http:
+                for _ in range(12):
+                    body = {"model": "m", "prompt": "hello there", "max_tokens": 1}
+                    async with http.post(f"{gateway.url}/v1/completions", json=body) as response:
+                        assert response.status == 200
+                        order.append(response.headers[BACKEND_ID_HEADER])
+                        await response.read()
+    # Sequential requests: round robin cycles through the pods in a fixed order.
+    assert sorted(order[:3]) == ["pod-0", "pod-1", "pod-2"]
+    assert order == order[:3] * 4

@@ -38,8 +38,14 @@ def test_one_eds_cluster_per_pool(config: RoutingConfig) -> None:
         assert not cluster.HasField("load_assignment")
 
 
-def test_weighted_least_request(config: RoutingConfig) -> None:
+def test_gpu_aware_pools_default_to_weighted_round_robin(config: RoutingConfig) -> None:
+    # balancing.active_request_bias 0 (the default): the policy's weights alone.
     for cluster in build_clusters(config):
+        assert _policy_of(cluster).name == ROUND_ROBIN_POLICY
+
+
+def test_weighted_least_request(config: RoutingConfig) -> None:
+    for cluster in build_clusters(_with_bias(config, 1.0)):
         (policy,) = cluster.load_balancing_policy.policies
         assert policy.typed_extension_config.name == LEAST_REQUEST_POLICY
         assert policy.typed_extension_config.typed_config.Unpack(least_request_pb2.LeastRequest())
@@ -115,7 +121,7 @@ def test_clusters_in_pool_order_with_session_clusters(affinity_config: RoutingCo
 
 
 def test_a_pool_with_adapters_balances_within_subsets(affinity_config: RoutingConfig) -> None:
-    by_name = {c.name: c for c in build_clusters(affinity_config)}
+    by_name = {c.name: c for c in build_clusters(_with_bias(affinity_config, 1.0))}
     for pool, child_name in [("llm", LEAST_REQUEST_POLICY), ("rr", ROUND_ROBIN_POLICY)]:
         subset, child = _subset_of(by_name[pool])
         (selector,) = subset.subset_selectors
@@ -162,3 +168,45 @@ def test_every_cluster_has_its_assignment(affinity_config: RoutingConfig) -> Non
 
 def _plain() -> RoutingConfig:
     return RoutingConfig.model_validate({"pools": [{"name": "p", "models": ["m"]}]})
+
+
+def _with_bias(config: RoutingConfig, bias: float) -> RoutingConfig:
+    balancing = config.balancing.model_copy(update={"active_request_bias": bias})
+    return config.model_copy(update={"balancing": balancing})
+
+
+def test_active_request_bias_reaches_least_request(config: RoutingConfig) -> None:
+    alpha, *_ = build_clusters(_with_bias(config, 0.5))
+    policy = _policy_of(alpha)
+    assert policy.name == LEAST_REQUEST_POLICY
+    least_request = least_request_pb2.LeastRequest()
+    assert policy.typed_config.Unpack(least_request)
+    assert least_request.active_request_bias.default_value == 0.5
+    assert least_request.active_request_bias.runtime_key == (
+        "upstream.alpha.least_request.active_request_bias"
+    )
+    # A bias of 1 leaves Envoy's own default in place.
+    default = least_request_pb2.LeastRequest()
+    assert _policy_of(build_clusters(_with_bias(config, 1.0))[0]).typed_config.Unpack(default)
+    assert not default.HasField("active_request_bias")
+
+
+def test_bias_zero_is_weighted_round_robin_for_gpu_aware_pools_only(
+    config: RoutingConfig,
+) -> None:
+    pools = (config.pools[0].model_copy(update={"gpu_aware": False}), *config.pools[1:])
+    static, gpu_aware, *_ = build_clusters(
+        _with_bias(config, 0).model_copy(update={"pools": pools})
+    )
+    # Weights alone: round robin, which Envoy weights by EDF when weights differ.
+    assert _policy_of(gpu_aware).name == ROUND_ROBIN_POLICY
+    # A pool with static weights keeps Envoy's least request as configured.
+    assert _policy_of(static).name == LEAST_REQUEST_POLICY
+
+
+def test_bias_applies_inside_the_subset_balancer(affinity_config: RoutingConfig) -> None:
+    for cluster in build_clusters(_with_bias(affinity_config, 0)):
+        policy = _policy_of(cluster)
+        if policy.name == SUBSET_POLICY:
+            _, child = _subset_of(cluster)
+            assert child.name in (ROUND_ROBIN_POLICY, RING_HASH_POLICY)

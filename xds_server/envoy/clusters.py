@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any as _Any
 
 from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.core.v3 import config_source_pb2, extension_pb2
+from envoy.config.core.v3 import base_pb2, config_source_pb2, extension_pb2
 from envoy.extensions.load_balancing_policies.common.v3 import common_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
 from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
@@ -73,7 +73,7 @@ def build_clusters(config: RoutingConfig) -> list[_Any]:
 def build_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     """The EDS cluster of `pool`, named names.cluster_name(pool): weighted least request
     (or round robin), inside a subset balancer when the pool has LoRA adapters."""
-    return _eds_cluster(config, pool, names.cluster_name(pool.name), _balancing(pool))
+    return _eds_cluster(config, pool, names.cluster_name(pool.name), _balancing(config, pool))
 
 
 def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
@@ -118,16 +118,27 @@ def _eds_cluster(config: RoutingConfig, pool: PoolConfig, name: str, policy: _An
     )
 
 
-def _balancing(pool: PoolConfig) -> _Any:
-    if pool.balancing == "round_robin":
+def _balancing(config: RoutingConfig, pool: PoolConfig) -> _Any:
+    bias = config.balancing.active_request_bias if pool.weights_from_metrics else 1.0
+    if pool.balancing == "round_robin" or bias == 0:
+        # Round robin, weighted by EDF when the weights differ: what least request does
+        # with active_request_bias 0, except that equal weights stay plain round robin.
         child = extension_pb2.TypedExtensionConfig(
             name=ROUND_ROBIN_POLICY, typed_config=_protos.pack(round_robin_pb2.RoundRobin())
         )
     else:
+        least_request = least_request_pb2.LeastRequest()
+        if bias != 1.0:
+            least_request.active_request_bias.CopyFrom(
+                base_pb2.RuntimeDouble(
+                    default_value=bias,
+                    runtime_key=f"upstream.{pool.name}.least_request.active_request_bias",
+                )
+            )
         child = extension_pb2.TypedExtensionConfig(
             name=LEAST_REQUEST_POLICY,
             # Defaults: 2 choices when weights are equal, active_request_bias 1.
-            typed_config=_protos.pack(least_request_pb2.LeastRequest()),
+            typed_config=_protos.pack(least_request),
         )
     return _subset(pool, child)
 
