@@ -1,0 +1,141 @@
+"""Flow control: how many requests of each band a pool admits, and how long a refused one
+should wait (pure: no I/O).
+
+Envoy enforces the limits per request: each band has its own cluster (`<pool>/<band>`) whose
+circuit breaker admits at most `max_requests` at once, changed at runtime (RTDS) so that
+connections and counters survive. This module decides the numbers, every scrape interval,
+from the pods' metrics and the Envoys' load reports:
+
+- **capacity** C: requests the pool's ready pods serve at once without queueing. Per pod,
+  its concurrency (`flow_control.pod_concurrency` by hardware class, else
+  `default_pod_concurrency`); a pod that reports waiting requests, or a KV cache about to
+  preempt, is full at what it runs now, so it counts as that.
+- **strict priority**, with R_b the requests of band b in flight over every Envoy (LRS):
+  Critical is admitted while any pod is ready (no limit: a critical request is never
+  refused; "no ready pod" is Envoy's 503); Standard gets the capacity Critical does not use,
+  C − R_critical; Sheddable only what is spare, C − R_critical − R_standard.
+- **sharing**: each of the N connected Envoys enforces budget / N (rounded up, so their sum
+  stays within the budget plus one request per Envoy), as one snapshot serves them all.
+- **Retry-After**: the expected time until the band has a free place: the requests ahead
+  of it beyond capacity, plus one, over the pool's completion rate; bounded by
+  `retry_after_min_s` and `retry_after_max_s` and rounded up to a coarse ladder so the
+  value (a route property, pushed over RDS) changes seldom.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from xds_server.config import BANDS, Band, FlowControlConfig
+
+__all__ = [
+    "UNLIMITED",
+    "BandLoad",
+    "PodCapacity",
+    "PoolAdmission",
+    "admit",
+    "pod_capacity",
+]
+
+# max_requests for a band that is not limited (Envoy's own default is 1,024).
+UNLIMITED = 1_000_000
+# A KV cache this full is about to preempt: the pod takes nothing more.
+_KV_FULL = 0.95
+# Retry-After values in seconds: a changed value is an RDS push, so it moves in coarse steps.
+_RETRY_AFTER_LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 90, 120, 180)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodCapacity:
+    """One ready pod's part in its pool's capacity."""
+
+    hardware: str | None
+    running: float
+    waiting: float
+    kv_usage: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BandLoad:
+    """What the Envoys report for a pool (LRS, summed over the Envoys of the group)."""
+
+    in_flight: Mapping[Band, int]
+    # Requests of the pool completed per second, all bands together.
+    completions_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolAdmission:
+    """A pool's admission: per band, the limit each Envoy enforces and the Retry-After."""
+
+    capacity: int
+    # Requests in flight over every Envoy, all bands.
+    in_flight: int
+    max_requests: Mapping[Band, int]
+    retry_after_s: Mapping[Band, int]
+
+    @property
+    def saturation(self) -> float:
+        """Requests in flight over capacity; above 1 means requests queue in the pods."""
+        if self.capacity == 0:
+            return math.inf if self.in_flight else 0.0
+        return self.in_flight / self.capacity
+
+
+def pod_capacity(pod: PodCapacity, *, settings: FlowControlConfig) -> int:
+    """Requests `pod` serves at once now (module docstring)."""
+    slots = settings.pod_concurrency.get(pod.hardware or "", settings.default_pod_concurrency)
+    full = pod.waiting > 0 or (pod.kv_usage is not None and pod.kv_usage >= _KV_FULL)
+    return max(0, min(slots, math.floor(pod.running))) if full else slots
+
+
+def _ladder(seconds: float, *, settings: FlowControlConfig) -> int:
+    bounded = min(max(seconds, settings.retry_after_min_s), settings.retry_after_max_s)
+    step = _RETRY_AFTER_LADDER[
+        min(bisect.bisect_left(_RETRY_AFTER_LADDER, bounded), len(_RETRY_AFTER_LADDER) - 1)
+    ]
+    return int(min(max(step, settings.retry_after_min_s), settings.retry_after_max_s))
+
+
+def admit(
+    pods: Iterable[PodCapacity],
+    *,
+    load: BandLoad,
+    envoys: int,
+    settings: FlowControlConfig,
+) -> PoolAdmission:
+    """The pool's admission from its ready `pods`, the Envoys' `load`, and how many
+    `envoys` share it (at least one is assumed)."""
+    capacity = sum(pod_capacity(p, settings=settings) for p in pods)
+    in_flight = {band: max(0, load.in_flight.get(band, 0)) for band in BANDS}
+    ahead = {
+        "critical": 0,
+        "standard": in_flight["critical"],
+        "sheddable": in_flight["critical"] + in_flight["standard"],
+    }
+    sharing = max(1, envoys)
+    max_requests: dict[Band, int] = {"critical": UNLIMITED}
+    retry_after: dict[Band, int] = {}
+    for band in BANDS:
+        if band != "critical":
+            budget = max(0, capacity - ahead[band])
+            max_requests[band] = math.ceil(budget / sharing)
+        # Requests that must finish before this band has a place: those ahead of it and of
+        # its own beyond capacity, and one more for the refused request itself.
+        waiting_for = max(0, ahead[band] + in_flight[band] - capacity) + 1
+        if capacity == 0:
+            seconds = float(settings.retry_after_max_s)  # nothing serves: no drain to expect
+        elif load.completions_per_s > 0:
+            seconds = waiting_for / load.completions_per_s
+        else:
+            seconds = float(waiting_for)  # no completions seen yet: about one per second
+        retry_after[band] = _ladder(seconds, settings=settings)
+    return PoolAdmission(
+        capacity=capacity,
+        max_requests=max_requests,
+        retry_after_s=retry_after,
+        in_flight=sum(in_flight.values()),
+    )
