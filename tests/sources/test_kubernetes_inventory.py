@@ -213,3 +213,17 @@ def test_objectives_keep_integer_priorities() -> None:
         }
     )
     assert found == {"batch": {"priority": -1, "pool": "llama"}}
+
+
+def test_inference_objectives_become_flow_control_objectives() -> None:
+    base = parse_config(BASE + "flow_control: {objectives: {batch: 1}}\n")
+
+    def objective(name: str, priority: int) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"priority": priority}}
+
+    view = ClusterView(
+        inference_objectives={"ml/batch": objective("batch", -1), "ml/chat": objective("chat", 2)}
+    )
+    config = build_inventory(base, view, namespaces=["ml"]).config
+    # The config's own entry wins for the same name.
+    assert config.flow_control.objectives == {"batch": 1, "chat": 2}

@@ -188,6 +188,7 @@ class KubernetesDiscovery:
             pods={w: watcher.objects for w, watcher in self._pods.items()},
             inference_pools=pools,
             model_rewrites=self._merged("inferencemodelrewrites"),
+            inference_objectives=self._merged("inferenceobjectives"),
         )
         inventory = build_inventory(base, view, namespaces=self.namespaces)
         for problem in sorted(set(inventory.problems) - set(self.problems)):

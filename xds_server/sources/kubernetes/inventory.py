@@ -12,6 +12,9 @@ The operator's routing config (file or ConfigMap) is the base. The cluster adds 
 - **InferenceModelRewrite** (`inference.networking.x-k8s.io/v1alpha2`) objects add weighted
   splits (`rules[].matches[].model.value` → `rules[].targets[]{modelRewrite, weight}`); a
   split in the config for the same model wins.
+- **InferenceObjective** (same group) objects add flow-control objectives: name → integer
+  `priority` (negative: Sheddable, 0: Standard, positive: Critical); the config's own
+  `flow_control.objectives` win for the same name.
 - **Pods** matching a pool's selector become its endpoints (besides any static ones): the
   pod IP and the target port, Ready pods only (the Ready condition and every readiness
   gate), DRAINING once the pod has a deletion timestamp, until it is gone. Labels
@@ -82,6 +85,7 @@ class ClusterView:
     pods: Mapping[PodWatch, Objects] = field(default_factory=dict)
     inference_pools: Objects = field(default_factory=dict)
     model_rewrites: Objects = field(default_factory=dict)
+    inference_objectives: Objects = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -271,7 +275,14 @@ def build_inventory(
     )
     served = {m for p in pools for m in (*p.models, *p.adapters)}
     rewrites, rewrite_problems = _rewrites(base, view.model_rewrites, served)
-    config = base.model_copy(update={"pools": pools, "model_rewrites": rewrites})
+    # Objectives name bands for flow control; one in the config wins over the cluster's.
+    priorities = {name: o["priority"] for name, o in objectives(view.inference_objectives).items()}
+    flow_control = base.flow_control.model_copy(
+        update={"objectives": {**priorities, **base.flow_control.objectives}}
+    )
+    config = base.model_copy(
+        update={"pools": pools, "model_rewrites": rewrites, "flow_control": flow_control}
+    )
     return Inventory(config=config, problems=(*pool_problems, *rewrite_problems))
 
 
