@@ -53,8 +53,8 @@ logger = logging.getLogger(__name__)
 # Send lateness p99 or event-loop lag p99 above this marks the generator as the bottleneck.
 SATURATION_THRESHOLD_S = 0.05
 LAG_PROBE_INTERVAL_S = 0.01
-# The flow-control band's header until the flow-control issue names the real one.
-DEFAULT_BAND_HEADER = "x-flow-band"
+# The flow-control band's header (the default of `flow_control.band_header`).
+DEFAULT_BAND_HEADER = "x-gateway-inference-band"
 SESSION_HEADER = "x-session-id"
 BACKEND_ID_HEADER = "x-backend-id"
 _RETRY_AFTER = "retry-after"
