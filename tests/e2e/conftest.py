@@ -32,8 +32,10 @@ class ConfigFile:
         gpu_aware: bool = False,
         model_rewrites: Iterable[Mapping[str, Any]] = (),
         adapters: Mapping[str, Iterable[str]] | None = None,
+        flow_control: Mapping[str, Any] | None = None,
     ) -> None:
-        """Write the pools; `gpu_aware` is off by default: these backends have no /metrics."""
+        """Write the pools; `gpu_aware` is off by default: these backends have no /metrics.
+        `flow_control` is the config's `flow_control` section (absent when None)."""
         document: dict[str, Any] = {
             "model_rewrites": list(model_rewrites),
             "listener": {"address": "127.0.0.1", "port": listener_port},
@@ -52,6 +54,8 @@ class ConfigFile:
                 for name, (models, endpoints) in pools.items()
             ],
         }
+        if flow_control is not None:
+            document["flow_control"] = dict(flow_control)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(document))
         tmp.replace(self.path)

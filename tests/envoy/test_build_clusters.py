@@ -210,3 +210,41 @@ def test_bias_applies_inside_the_subset_balancer(affinity_config: RoutingConfig)
         if policy.name == SUBSET_POLICY:
             _, child = _subset_of(cluster)
             assert child.name in (ROUND_ROBIN_POLICY, RING_HASH_POLICY)
+
+
+def _with_flow_control(config: RoutingConfig) -> RoutingConfig:
+    flow = config.flow_control.model_copy(update={"enabled": True})
+    return config.model_copy(update={"flow_control": flow})
+
+
+def test_flow_control_adds_band_clusters_copying_the_pools_clusters(
+    affinity_config: RoutingConfig,
+) -> None:
+    plain = {c.name: c for c in build_clusters(affinity_config)}
+    banded = {c.name: c for c in build_clusters(_with_flow_control(affinity_config))}
+    bands = ("critical", "standard", "sheddable")
+    expected = {
+        **{name: name for name in plain},
+        **{names.band_cluster_name(p, b): p for p in ("llm", "rr", "plain") for b in bands},
+        **{names.band_cluster_name("llm", b, session=True): "llm/session" for b in bands},
+    }
+    assert set(banded) == set(expected)
+    for name, base in expected.items():
+        cluster = cluster_pb2.Cluster()
+        cluster.CopyFrom(banded[name])
+        if name != base:
+            (threshold,) = cluster.circuit_breakers.thresholds
+            assert threshold.priority == 0  # DEFAULT
+            assert threshold.max_requests.value == 1_000_000
+            assert threshold.max_pending_requests.value == 1_000_000
+            assert threshold.max_connections.value == 1_000_000
+            assert threshold.track_remaining
+            cluster.ClearField("circuit_breakers")
+            cluster.name = base
+        # Same policy, subsets, EDS service name and upstream settings as the pool's own.
+        assert cluster == plain[base], name
+
+
+def test_band_cluster_names() -> None:
+    assert names.band_cluster_name("llama", "sheddable") == "llama/sheddable"
+    assert names.band_cluster_name("llama", "critical", session=True) == "llama/session/critical"

@@ -141,3 +141,31 @@ def test_without_session_affinity_the_filters_stay_as_they_were(
     pools = tuple(p.model_copy(update={"session_affinity": False}) for p in affinity_config.pools)
     hcm = hcm_of(build_listeners(affinity_config.model_copy(update={"pools": pools}))[0])
     assert [f.name for f in hcm.http_filters] == [JSON_TO_METADATA_FILTER, ROUTER_FILTER]
+
+
+def test_flow_control_maps_a_full_band_to_429_with_retry_after(config: RoutingConfig) -> None:
+    from google.protobuf import json_format
+
+    plain = hcm_of(build_listeners(config)[0]).local_reply_config
+    flow = config.flow_control.model_copy(update={"enabled": True})
+    banded = hcm_of(
+        build_listeners(config.model_copy(update={"flow_control": flow}))[0]
+    ).local_reply_config
+    # The 413 and the 503 (no healthy endpoint) mappers stay as they were, first.
+    assert list(banded.mappers)[:-1] == list(plain.mappers)
+    full = banded.mappers[-1]
+    assert list(full.filter.response_flag_filter.flags) == ["UO"]
+    assert full.status_code.value == 429
+    (header,) = full.headers_to_add
+    assert header.header.key == "retry-after"
+    assert header.header.value == "%METADATA(ROUTE:llm:retry_after_s)%"
+    error = json_format.MessageToDict(full.body_format_override.json_format)["error"]
+    assert error == {
+        "message": (
+            "The %METADATA(ROUTE:llm:band)% band of pool %METADATA(ROUTE:llm:pool)% is full; "
+            "retry after %METADATA(ROUTE:llm:retry_after_s)% s."
+        ),
+        "type": names.RATE_LIMIT_ERROR_TYPE,
+        "param": None,
+        "code": "rate_limit_exceeded",
+    }

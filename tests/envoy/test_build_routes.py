@@ -287,7 +287,6 @@ def test_an_adapter_named_like_a_sentinel_is_refused(
         build_routes(affinity_config.model_copy(update={"pools": (pool,)}))
 
 
-
 def test_a_rewritten_model_splits_by_weight_before_other_routes() -> None:
     config = parse_config(
         AFFINITY_YAML
@@ -316,3 +315,121 @@ model_rewrites:
     assert by_header.match.headers[0].string_match.exact == "base"
     # The targets keep their own routes.
     assert "model/lora-a" in [r.name for r in routes]
+
+
+FLOW_YAML = """
+flow_control:
+  enabled: true
+  objectives: {batch: -1, chat: 0, urgent: 3}
+  models:
+    capped: {default_band: sheddable, max_band: standard}
+  retry_after_min_s: 2
+  retry_after_max_s: 20
+pools:
+  - name: p
+    models: [m, capped]
+  - name: q
+    models: [n]
+    session_affinity: true
+model_rewrites:
+  - model: canary
+    targets: [{model: m, weight: 3}, {model: n, weight: 1}]
+"""
+
+
+def _band_metadata(route: Any) -> dict[str, Any]:
+    from google.protobuf import json_format
+
+    values: dict[str, Any] = json_format.MessageToDict(
+        route.metadata.filter_metadata[names.METADATA_NAMESPACE]
+    )
+    return values
+
+
+def test_flow_control_classifies_by_objective_then_band_header_then_default() -> None:
+    routes = {r.name: r for r in _routes(parse_config(FLOW_YAML))}
+    m = [name for name in routes if name.startswith("model/m/")]
+    assert m == [
+        "model/m/sheddable/objective/batch",
+        "model/m/standard/objective/chat",
+        "model/m/critical/objective/urgent",
+        "model/m/critical/band/critical",
+        "model/m/sheddable/band/sheddable",
+        "model/m/standard",
+    ]
+    urgent = routes["model/m/critical/objective/urgent"]
+    assert urgent.route.cluster == "p/critical"
+    (objective,) = urgent.match.headers
+    assert objective.name == names.OBJECTIVE_HEADER
+    assert objective.string_match.exact == "urgent"
+    band = routes["model/m/critical/band/critical"].match.headers[-1]
+    assert band.name == "x-gateway-inference-band"
+    assert band.string_match.exact == "critical"
+    assert band.string_match.ignore_case
+    # The default route is the model's plain match, as without flow control.
+    plain = {r.name: r for r in _routes(parse_config(FLOW_YAML.replace("enabled: true", "")))}
+    assert routes["model/m/standard"].match == plain["model/m"].match
+    assert routes["header/m/standard"].match == plain["header/m"].match
+
+
+def test_flow_control_caps_at_the_models_max_band() -> None:
+    routes = _routes(parse_config(FLOW_YAML))
+    capped = {r.name: r.route.cluster for r in routes if r.name.startswith("model/capped/")}
+    assert capped == {
+        "model/capped/sheddable/objective/batch": "p/sheddable",
+        "model/capped/standard/objective/chat": "p/standard",
+        "model/capped/standard/objective/urgent": "p/standard",
+        "model/capped/standard/band/critical": "p/standard",
+        "model/capped/standard/band/standard": "p/standard",
+        "model/capped/sheddable": "p/sheddable",
+    }
+
+
+def test_band_routes_carry_band_pool_and_retry_after() -> None:
+    config = parse_config(FLOW_YAML)
+    (route_config,) = build_routes(
+        config, retry_after={("p", "sheddable"): 7, ("q", "sheddable"): 99}
+    )
+    routes = {r.name: r for r in route_config.virtual_hosts[0].routes}
+    assert _band_metadata(routes["model/m/sheddable/band/sheddable"]) == {
+        "band": "sheddable",
+        "pool": "p",
+        "retry_after_s": 7.0,
+    }
+    # Absent: the minimum; above the maximum: the maximum.
+    assert _band_metadata(routes["model/m/standard"])["retry_after_s"] == 2.0
+    assert _band_metadata(routes["model/n/sheddable/band/sheddable"])["retry_after_s"] == 20.0
+    # A split: the largest of its pools', and both pools named.
+    split = _band_metadata(routes["split-model/canary/sheddable/band/sheddable"])
+    assert split == {"band": "sheddable", "pool": "p or q", "retry_after_s": 20.0}
+    # Refusals and the unrouted route carry none.
+    assert not routes["error/missing_model"].HasField("metadata")
+
+
+def test_a_split_goes_to_the_band_clusters_of_its_targets() -> None:
+    routes = {r.name: r for r in _routes(parse_config(FLOW_YAML))}
+    for band in ("critical", "standard", "sheddable"):
+        name = f"split-header/canary/{band}" + ("" if band == "standard" else f"/band/{band}")
+        clusters = routes[name].route.weighted_clusters.clusters
+        assert [(c.name, c.weight.value) for c in clusters] == [(f"p/{band}", 3), (f"q/{band}", 1)]
+
+
+def test_session_routes_come_per_band_to_band_session_clusters() -> None:
+    routes = [
+        r for r in _routes(parse_config(FLOW_YAML)) if r.name.endswith("n/critical/band/critical")
+    ]
+    assert [(r.name, r.route.cluster) for r in routes] == [
+        ("session-model/n/critical/band/critical", "q/session/critical"),
+        ("session-key-model/n/critical/band/critical", "q/session/critical"),
+        ("model/n/critical/band/critical", "q/critical"),
+        ("session-header/n/critical/band/critical", "q/session/critical"),
+        ("session-key-header/n/critical/band/critical", "q/session/critical"),
+        ("header/n/critical/band/critical", "q/critical"),
+    ]
+    assert all(r.route.hash_policy for r in routes if r.name.startswith("session"))
+
+
+def test_flow_control_off_ignores_retry_after() -> None:
+    config = parse_config(FLOW_YAML.replace("enabled: true", "enabled: false"))
+    assert build_routes(config, retry_after={("p", "standard"): 9}) == build_routes(config)
+    assert all(not r.HasField("metadata") for r in _routes(config))

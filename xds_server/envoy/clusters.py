@@ -26,13 +26,26 @@ endpoints, weights and health: ring hash on the route's hash policy (the session
 with bounded load (`hash_balance_factor`): a host already over that multiple of the mean
 in-flight load is skipped for the next one on the ring, so a hot session spills over
 instead of piling onto one GPU. Requests without a session key never reach it.
+
+With flow control on, each pool also gets one cluster per band,
+names.band_cluster_name(pool, band), and with session affinity one session cluster per
+band, names.band_cluster_name(pool, band, session=True): copies of the pool's cluster (or
+session cluster), so the same balancing, subsets, upstream settings and
+ClusterLoadAssignment, plus a circuit breaker whose `max_requests` is the band's admission
+limit. Its static value is only a ceiling (BAND_MAX_REQUESTS); the limit itself comes from
+the runtime key `circuit_breakers.<cluster>.default.max_requests` (RTDS), which Envoy applies
+at once without touching the cluster: a CDS update would drop its idle connections and
+restart its counts. A request over the limit is refused before it reaches a model server
+(response flag UO), which the listener turns into a 429 (listeners.py). Session-keyed
+requests are admitted per band too, by their own clusters (a session key must not be a way
+around the limit), so a band's budget spans two counters in such a pool.
 """
 
 from __future__ import annotations
 
 from typing import Any as _Any
 
-from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
 from envoy.config.core.v3 import base_pb2, config_source_pb2, extension_pb2
 from envoy.extensions.load_balancing_policies.common.v3 import common_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
@@ -41,14 +54,16 @@ from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_
 from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
 from envoy.type.v3 import percent_pb2
 
-from xds_server.config import PoolConfig, RoutingConfig
+from xds_server.config import BANDS, PoolConfig, RoutingConfig
 from xds_server.envoy import _protos, names
 
 __all__ = [
+    "BAND_MAX_REQUESTS",
     "LEAST_REQUEST_POLICY",
     "RING_HASH_POLICY",
     "ROUND_ROBIN_POLICY",
     "SUBSET_POLICY",
+    "build_band_clusters",
     "build_cluster",
     "build_clusters",
     "build_session_cluster",
@@ -59,6 +74,12 @@ ROUND_ROBIN_POLICY = "envoy.load_balancing_policies.round_robin"
 RING_HASH_POLICY = "envoy.load_balancing_policies.ring_hash"
 SUBSET_POLICY = "envoy.load_balancing_policies.subset"
 
+# The static circuit breaker limits of a band cluster: high enough never to bind, so the
+# runtime key alone (or nothing, before the policy sets one) decides admission. Pending
+# requests and connections are not limited: HTTP/1.1 upstream requests wait in pending while
+# a connection opens, so a small pending limit would refuse requests the band admits.
+BAND_MAX_REQUESTS = 1_000_000
+
 
 def build_clusters(config: RoutingConfig) -> list[_Any]:
     """Per pool in config order: its cluster, then its session cluster if it has affinity."""
@@ -67,7 +88,42 @@ def build_clusters(config: RoutingConfig) -> list[_Any]:
         clusters.append(build_cluster(config, pool))
         if pool.session_affinity:
             clusters.append(build_session_cluster(config, pool))
+        if config.flow_control.enabled:
+            clusters += build_band_clusters(config, pool)
     return clusters
+
+
+def build_band_clusters(config: RoutingConfig, pool: PoolConfig) -> list[_Any]:
+    """The band clusters of `pool` (module docstring), critical first, then with session
+    affinity the band session clusters in the same order."""
+    bases = [(build_cluster(config, pool), False)]
+    if pool.session_affinity:
+        bases.append((build_session_cluster(config, pool), True))
+    clusters = []
+    for base, session in bases:
+        for band in BANDS:
+            cluster = cluster_pb2.Cluster()
+            cluster.CopyFrom(base)
+            cluster.name = names.band_cluster_name(pool.name, band, session=session)
+            cluster.circuit_breakers.CopyFrom(_band_circuit_breakers())
+            clusters.append(cluster)
+    return clusters
+
+
+def _band_circuit_breakers() -> _Any:
+    thresholds = circuit_breaker_pb2.CircuitBreakers.Thresholds
+    return circuit_breaker_pb2.CircuitBreakers(
+        thresholds=[
+            thresholds(
+                priority=base_pb2.DEFAULT,
+                max_requests=_protos.uint32(BAND_MAX_REQUESTS),
+                max_pending_requests=_protos.uint32(BAND_MAX_REQUESTS),
+                max_connections=_protos.uint32(BAND_MAX_REQUESTS),
+                # circuit_breakers.default.remaining_rq in stats: what the band has left.
+                track_remaining=True,
+            )
+        ]
+    )
 
 
 def build_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:

@@ -18,6 +18,14 @@ One listener, one HTTP connection manager (HCM), and its HTTP filters:
 3. `envoy.filters.http.router` forwards; responses are never buffered (no buffer or
    compressor filter), so server-sent events reach the client chunk by chunk.
 
+Refusals Envoy makes itself get OpenAI-style JSON bodies (`local_reply_config`): 413 for a
+body over the limit, 503 when a pool has no healthy endpoint (response flag UH: no ready
+pod), and with flow control a 429 when a band cluster's circuit breaker refuses a request
+(flag UO: it never reached a model server). The 429 carries `retry-after` and a message
+naming the band and the pool, both read from the matched route's metadata
+(`%METADATA(ROUTE:llm:retry_after_s)%`, routes.py): verified on Envoy 1.40, so Retry-After
+follows the policy through RDS without a listener update (which would drain connections).
+
 Routes come over RDS on the ADS stream, so a route change never touches the listener
 (a listener update drains its connections).
 """
@@ -36,7 +44,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 from envoy.type.matcher.v3 import regex_pb2
-from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ignore]
+from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from xds_server.config import RoutingConfig
 from xds_server.envoy import _errors, _protos, names
@@ -46,6 +54,7 @@ __all__ = [
     "HEADER_MUTATION_FILTER",
     "JSON_CONTENT_TYPES",
     "JSON_TO_METADATA_FILTER",
+    "RETRY_AFTER_HEADER",
     "ROUTER_FILTER",
     "build_http_connection_manager",
     "build_listeners",
@@ -56,6 +65,9 @@ JSON_TO_METADATA_FILTER = "envoy.filters.http.json_to_metadata"
 # Present only when a pool has session affinity; the session routes configure it.
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
 ROUTER_FILTER = "envoy.filters.http.router"
+
+# Set on the 429 of a full band (RFC 9110 10.2.3: delay in seconds).
+RETRY_AFTER_HEADER = "retry-after"
 
 # RE2, matched against the whole content-type. Without it json_to_metadata accepts only
 # the exact string `application/json` and treats `application/json; charset=utf-8` as an
@@ -192,7 +204,7 @@ def _local_replies(config: RoutingConfig) -> _Any:
         param=None,
         error_type="server_error",
     )
-    return hcm_pb2.LocalReplyConfig(
+    config_mappers = hcm_pb2.LocalReplyConfig(
         mappers=[
             # The body is over the route's buffer limit (json_to_metadata buffers it).
             hcm_pb2.ResponseMapper(filter=_status_filter(413), body_format_override=too_large),
@@ -204,6 +216,39 @@ def _local_replies(config: RoutingConfig) -> _Any:
                 body_format_override=no_endpoint,
             ),
         ]
+    )
+    if config.flow_control.enabled:
+        config_mappers.mappers.append(_band_full())
+    return config_mappers
+
+
+def _band_full() -> _Any:
+    """429 with Retry-After for a request a band's circuit breaker refused (flag UO); the
+    values come from the route's metadata (routes.py)."""
+
+    def route_metadata(key: str) -> str:
+        return f"%METADATA(ROUTE:{names.METADATA_NAMESPACE}:{key})%"
+
+    band, pool = route_metadata(names.BAND_KEY), route_metadata(names.POOL_KEY)
+    wait = route_metadata(names.RETRY_AFTER_KEY)
+    body = _errors.error_format(
+        message=f"The {band} band of pool {pool} is full; retry after {wait} s.",
+        code="rate_limit_exceeded",
+        param=None,
+        error_type=names.RATE_LIMIT_ERROR_TYPE,
+    )
+    return hcm_pb2.ResponseMapper(
+        filter=accesslog_pb2.AccessLogFilter(
+            response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=["UO"])
+        ),
+        status_code=wrappers_pb2.UInt32Value(value=429),
+        headers_to_add=[
+            base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=RETRY_AFTER_HEADER, value=wait),
+                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+            )
+        ],
+        body_format_override=body,
     )
 
 

@@ -11,12 +11,17 @@ and readable in `/clusters` and in stats (`cluster.<pool>.upstream_rq_active`). 
 session affinity has a second cluster, `<pool>/session`, on the same assignment: `/` cannot
 occur in a pool name, so it never collides with another pool's cluster, and Envoy's stats
 keep it whole (`cluster.<pool>/session.upstream_rq_total`; the Prometheus tag
-`envoy_cluster_name` is `<pool>/session`).
+`envoy_cluster_name` is `<pool>/session`). With flow control, each band has its own
+clusters on the same assignment too: `<pool>/<band>` and, with session affinity,
+`<pool>/session/<band>` (band_cluster_name).
 """
 
 from __future__ import annotations
 
+from xds_server.config import Band
+
 __all__ = [
+    "BAND_KEY",
     "ERROR_TYPE",
     "HARDWARE_KEY",
     "HCM_STAT_PREFIX",
@@ -27,6 +32,10 @@ __all__ = [
     "MODEL_INVALID",
     "MODEL_KEY",
     "MODEL_MISSING",
+    "OBJECTIVE_HEADER",
+    "POOL_KEY",
+    "RATE_LIMIT_ERROR_TYPE",
+    "RETRY_AFTER_KEY",
     "ROUTED_MODEL_HEADER",
     "ROUTE_CONFIG_NAME",
     "SENTINELS",
@@ -37,6 +46,7 @@ __all__ = [
     "UNROUTED_CLUSTER",
     "VIRTUAL_HOST_NAME",
     "XDS_CLUSTER",
+    "band_cluster_name",
     "cluster_name",
     "eds_service_name",
     "session_cluster_name",
@@ -92,11 +102,22 @@ SESSION_BODY_KEYS = ("prompt_cache_key", "user")
 SESSION_KEY = "session_key"
 SESSION_CLUSTER_SUFFIX = "/session"
 
+# Flow control (routes.py): a request names an objective in OBJECTIVE_HEADER (the Gateway
+# API Inference Extension's header); each band route carries route metadata under
+# METADATA_NAMESPACE with its BAND_KEY, POOL_KEY and RETRY_AFTER_KEY (seconds, a number),
+# which the 429 local reply prints (listeners.py).
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+BAND_KEY = "band"
+POOL_KEY = "pool"
+RETRY_AFTER_KEY = "retry_after_s"
+
 # The static cluster in the bootstrap that points at this xDS server.
 XDS_CLUSTER = "xds_cluster"
 
 # OpenAI's error `type` for the refusals of a request (not for server-side failures).
 ERROR_TYPE = "invalid_request_error"
+# ... and for a request refused because its band is full (429).
+RATE_LIMIT_ERROR_TYPE = "rate_limit_error"
 
 
 def cluster_name(pool: str) -> str:
@@ -112,3 +133,11 @@ def eds_service_name(pool: str) -> str:
 def session_cluster_name(pool: str) -> str:
     """The consistent-hashing Cluster of `pool` (session affinity), on the pool's endpoints."""
     return pool + SESSION_CLUSTER_SUFFIX
+
+
+def band_cluster_name(pool: str, band: Band, *, session: bool = False) -> str:
+    """The Cluster that admits `pool`'s requests of `band` (flow control): `<pool>/<band>`,
+    or `<pool>/session/<band>` for the band's session-affinity requests. Its circuit breaker
+    is the band's admission limit, runtime key
+    `circuit_breakers.<this name>.default.max_requests`."""
+    return f"{session_cluster_name(pool) if session else pool}/{band}"

@@ -51,10 +51,31 @@ names.ROUTED_MODEL_HEADER to the target. Envoy picks the target per request by w
   headers only, and a header value with CR, LF or NUL makes Envoy 1.40 refuse the
   upstream request (503, no bytes sent). A body key with such characters fails (b)'s
   regex and is balanced as keyless instead; the client's own header cannot carry them.
+
+**Flow control** (`flow_control.enabled`). Every route to a pool above (a route of a
+split too) becomes a group of classification routes, each to a band cluster of the pool
+(names.band_cluster_name; clusters.py), first match wins:
+
+a. `<kind>/<M>/<band>/objective/<O>`: names.OBJECTIVE_HEADER is exactly objective O (one
+   route per objective in `flow_control.objectives`); band from its priority. An unknown
+   objective name matches none of these and falls through to b and c, as if absent;
+b. `<kind>/<M>/<band>/band/<asked>`: the `flow_control.band_header` names a band
+   (case-insensitive). No route for the band that c gives anyway;
+c. `<kind>/<M>/<band>`: the model's `default_band` (`flow_control.models`, else standard).
+
+Every band is capped at the model's `max_band`, so a client cannot ask for more than its
+model is allowed. Objectives are exact matches, not one regex alternation: Envoy refuses a
+regex over RE2 program size 100 (`re2.max_program_size.error_level`), which a few long
+names exceed. Session affinity routes of a model come per band in the same way, to the
+band's session cluster. Each band route carries route metadata `llm: {band, pool,
+retry_after_s}`, which the 429 of a full band prints (listeners.py). A split's
+`retry_after_s` is the largest of its target pools' (the client waits for the slowest
+rather than retrying too soon), and its `pool` lists them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any as _Any
 
 from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
@@ -65,7 +86,7 @@ from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import ModelRewrite, PoolConfig, RoutingConfig
+from xds_server.config import BANDS, Band, ModelBands, ModelRewrite, PoolConfig, RoutingConfig
 from xds_server.envoy import _errors, _protos, names
 from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
 
@@ -94,8 +115,15 @@ MAX_SESSION_KEY_CHARS = 256
 _HEADER_UNSAFE = frozenset("\r\n\0")
 
 
-def build_routes(config: RoutingConfig) -> list[_Any]:
+def build_routes(
+    config: RoutingConfig, retry_after: Mapping[tuple[str, Band], int] | None = None
+) -> list[_Any]:
     """The route configurations for `config`: exactly one, named names.ROUTE_CONFIG_NAME.
+
+    `retry_after` gives, per (pool name, band), the seconds a refused request of that band
+    is told to wait (the policy's expected drain time); a pair it lacks, or None, gets
+    `flow_control.retry_after_min_s`. Values are kept within the config's bounds. Used only
+    when flow control is enabled.
 
     Raises ValueError when a pool serves a model named like a sentinel (names.SENTINELS),
     which the routes could not tell apart from a request without a model, or a model
@@ -118,19 +146,34 @@ def build_routes(config: RoutingConfig) -> list[_Any]:
     if unsendable:
         raise ValueError(f"rewritten model names with CR, LF or NUL: {', '.join(unsendable)}")
     header = config.listener.model_header
+    waits = _RetryAfter(config, retry_after or {})
     routes = []
-    for rewrite in config.model_rewrites:
-        match = _match(metadata=_string(exact=rewrite.model))
-        routes.append(_split(config, rewrite, kind="model", match=match))
-    for pool, model, adapter in served:
-        match = _match(metadata=_string(exact=model))
-        routes += _to_pool(config, pool, model, adapter=adapter, kind="model", match=match)
-    for rewrite in config.model_rewrites:
-        match = _by_header(header, rewrite.model)
-        routes.append(_split(config, rewrite, kind="header", match=match))
-    for pool, model, adapter in served:
-        match = _by_header(header, model)
-        routes += _to_pool(config, pool, model, adapter=adapter, kind="header", match=match)
+    for kind in ("model", "header"):
+        for rewrite in config.model_rewrites:
+            match = _by_model(header, rewrite.model, kind=kind)
+            if not config.flow_control.enabled:
+                routes.append(_split(config, rewrite, kind=kind, match=match))
+                continue
+            for suffix, band, banded in _classified(config, rewrite.model, match):
+                route = _split(config, rewrite, kind=kind, match=banded, band=band)
+                route.name += suffix
+                pools = _split_pools(config, rewrite)
+                wait = max(waits.of(pool, band) for pool in pools)
+                route.metadata.CopyFrom(_band_metadata(band, " or ".join(pools), wait))
+                routes.append(route)
+        for pool, model, adapter in served:
+            match = _by_model(header, model, kind=kind)
+            if not config.flow_control.enabled:
+                routes += _to_pool(config, pool, model, adapter=adapter, kind=kind, match=match)
+                continue
+            for suffix, band, banded in _classified(config, model, match):
+                metadata = _band_metadata(band, pool.name, waits.of(pool.name, band))
+                for route in _to_pool(
+                    config, pool, model, adapter=adapter, kind=kind, match=banded, band=band
+                ):
+                    route.name += suffix
+                    route.metadata.CopyFrom(metadata)
+                    routes.append(route)
     routes.extend(_refusals(header))
     routes.append(
         rc_pb2.Route(
@@ -160,6 +203,72 @@ def build_routes(config: RoutingConfig) -> list[_Any]:
     ]
 
 
+class _RetryAfter:
+    """The Retry-After seconds of a (pool, band), within the config's bounds."""
+
+    def __init__(self, config: RoutingConfig, given: Mapping[tuple[str, Band], int]) -> None:
+        self._low = config.flow_control.retry_after_min_s
+        self._high = config.flow_control.retry_after_max_s
+        self._given = given
+
+    def of(self, pool: str, band: Band) -> int:
+        return min(max(self._given.get((pool, band), self._low), self._low), self._high)
+
+
+def _cap(band: Band, max_band: Band) -> Band:
+    """`band`, or `max_band` when that is less important (BANDS: most important first)."""
+    return BANDS[max(BANDS.index(band), BANDS.index(max_band))]
+
+
+def _classified(config: RoutingConfig, model: str, match: _Any) -> Iterator[tuple[str, Band, _Any]]:
+    """(route name suffix, band, match) for each classification route of `model`'s `match`,
+    in first-match order (module docstring: a, b, c)."""
+    flow = config.flow_control
+    bands = flow.models.get(model, ModelBands())
+    default = _cap(bands.default_band, bands.max_band)
+
+    def with_header(name: str, value: _Any) -> _Any:
+        banded = rc_pb2.RouteMatch()
+        banded.CopyFrom(match)
+        banded.headers.append(rc_pb2.HeaderMatcher(name=name, string_match=value))
+        return banded
+
+    for objective, priority in sorted(flow.objectives.items()):
+        band = _cap(flow.band_of_priority(priority), bands.max_band)
+        exact = string_pb2.StringMatcher(exact=objective)
+        yield f"/{band}/objective/{objective}", band, with_header(names.OBJECTIVE_HEADER, exact)
+    for asked in BANDS:
+        band = _cap(asked, bands.max_band)
+        if band != default:
+            value = string_pb2.StringMatcher(exact=asked, ignore_case=True)
+            yield f"/{band}/band/{asked}", band, with_header(flow.band_header, value)
+    yield f"/{default}", default, match
+
+
+def _band_metadata(band: Band, pool: str, retry_after_s: int) -> _Any:
+    """Route metadata `llm: {band, pool, retry_after_s}`, printed by the 429 of a full band."""
+    values = struct_pb2.Struct()
+    values[names.BAND_KEY] = band
+    values[names.POOL_KEY] = pool
+    values[names.RETRY_AFTER_KEY] = retry_after_s
+    metadata = base_pb2.Metadata()
+    metadata.filter_metadata[names.METADATA_NAMESPACE].CopyFrom(values)
+    return metadata
+
+
+def _split_pools(config: RoutingConfig, rewrite: ModelRewrite) -> list[str]:
+    """The pools a split can send to (targets with weight), sorted, each once."""
+    pools = {config.pool_of(t.model) for t in rewrite.targets if t.weight}
+    return sorted(p.name for p in pools if p is not None)
+
+
+def _by_model(header: str, model: str, *, kind: str) -> _Any:
+    """Route kind `model` (the body names `model`) or `header` (only the header does)."""
+    if kind == "model":
+        return _match(metadata=_string(exact=model))
+    return _by_header(header, model)
+
+
 def _by_header(header: str, model: str) -> _Any:
     """Requests without a body `model` whose `header` names `model`."""
     exact = string_pb2.StringMatcher(exact=model)
@@ -167,16 +276,24 @@ def _by_header(header: str, model: str) -> _Any:
     return _match(metadata=_string(exact=names.MODEL_MISSING), headers=[by_header])
 
 
-def _split(config: RoutingConfig, rewrite: ModelRewrite, *, kind: str, match: _Any) -> _Any:
-    """`split-<kind>/<model>`: each request for the rewritten model goes to one target's pool,
-    picked by weight, with names.ROUTED_MODEL_HEADER naming the target (ModelRewrite)."""
+def _split(
+    config: RoutingConfig,
+    rewrite: ModelRewrite,
+    *,
+    kind: str,
+    match: _Any,
+    band: Band | None = None,
+) -> _Any:
+    """`split-<kind>/<model>`: each request for the rewritten model goes to one target's pool
+    (its `band` cluster, with flow control), picked by weight, with
+    names.ROUTED_MODEL_HEADER naming the target (ModelRewrite)."""
     clusters = []
     for target in rewrite.targets:
         pool = config.pool_of(target.model)
         if pool is None or target.weight == 0:
             continue
         weighted = rc_pb2.WeightedCluster.ClusterWeight(
-            name=names.cluster_name(pool.name),
+            name=_cluster(pool.name, band, session=False),
             weight=wrappers_pb2.UInt32Value(value=target.weight),
             request_headers_to_add=[_model_header(target.model)],
         )
@@ -190,14 +307,29 @@ def _split(config: RoutingConfig, rewrite: ModelRewrite, *, kind: str, match: _A
     return rc_pb2.Route(name=f"split-{kind}/{rewrite.model}", match=match, route=action)
 
 
+def _cluster(pool: str, band: Band | None, *, session: bool) -> str:
+    """The cluster of `pool` (or its session cluster), or of its `band` with flow control."""
+    if band is not None:
+        return names.band_cluster_name(pool, band, session=session)
+    return names.session_cluster_name(pool) if session else names.cluster_name(pool)
+
+
 def _to_pool(
-    config: RoutingConfig, pool: PoolConfig, model: str, *, adapter: bool, kind: str, match: _Any
+    config: RoutingConfig,
+    pool: PoolConfig,
+    model: str,
+    *,
+    adapter: bool,
+    kind: str,
+    match: _Any,
+    band: Band | None = None,
 ) -> list[_Any]:
     """The routes of `model` for one `match`: `<kind>/<model>`, preceded in a pool with session
-    affinity by the session routes for a client's key and for a body's (module docstring)."""
+    affinity by the session routes for a client's key and for a body's (module docstring);
+    to the clusters of `band` when given (flow control)."""
     routes = []
     if pool.session_affinity:
-        session_cluster = names.session_cluster_name(pool.name)
+        session_cluster = _cluster(pool.name, band, session=True)
         by_header = rc_pb2.RouteMatch()
         by_header.CopyFrom(match)
         by_header.headers.append(
@@ -220,7 +352,9 @@ def _to_pool(
         route = _route(f"session-key-{kind}/{model}", by_body, action, model)
         route.typed_per_filter_config[HEADER_MUTATION_FILTER].CopyFrom(_SESSION_KEY_TO_HEADER)
         routes.append(route)
-    action = _action(config, names.cluster_name(pool.name), model, adapter=adapter, hashed=False)
+    action = _action(
+        config, _cluster(pool.name, band, session=False), model, adapter=adapter, hashed=False
+    )
     routes.append(_route(f"{kind}/{model}", match, action, model))
     return routes
 
