@@ -33,9 +33,11 @@ class ConfigFile:
         model_rewrites: Iterable[Mapping[str, Any]] = (),
         adapters: Mapping[str, Iterable[str]] | None = None,
         flow_control: Mapping[str, Any] | None = None,
+        session_affinity: Iterable[str] = (),
     ) -> None:
         """Write the pools; `gpu_aware` is off by default: these backends have no /metrics.
-        `flow_control` is the config's `flow_control` section (absent when None)."""
+        `flow_control` is the config's `flow_control` section (absent when None);
+        `session_affinity` names the pools that have it."""
         document: dict[str, Any] = {
             "model_rewrites": list(model_rewrites),
             "listener": {"address": "127.0.0.1", "port": listener_port},
@@ -47,6 +49,7 @@ class ConfigFile:
                     "gpu_aware": gpu_aware,
                     "models": list(models),
                     "adapters": list((adapters or {}).get(name, ())),
+                    "session_affinity": name in set(session_affinity),
                     "endpoints": [
                         {"address": b.host, "port": b.port, "weight": w} for b, w in endpoints
                     ],

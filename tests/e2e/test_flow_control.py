@@ -279,3 +279,34 @@ async def _wait_for(predicate: Any, within_s: float = 10.0) -> None:
     while not predicate():
         assert loop.time() < deadline, "timed out"
         await asyncio.sleep(0.02)
+
+
+async def test_session_keyed_requests_are_admitted_per_band(  # type: ignore[no-untyped-def]
+    backends, config_file, gateway_factory, http
+) -> None:
+    one, two = await backends("llama-0"), await backends("llama-1")
+    config_file.write(
+        {"llama": (["llama"], [(one, 1), (two, 1)])},
+        flow_control=_flow_control(),
+        session_affinity=["llama"],
+    )
+    gateway = await gateway_factory()
+    session = names.band_cluster_name("llama", "sheddable", session=True)
+    await _set_limit(gateway.envoy, http, session, 0)
+    keyed = {names.SESSION_HEADER: "conversation-1", names.OBJECTIVE_HEADER: "batch"}
+    assert await _status(http, f"{gateway.url}/v1/chat/completions", keyed) == 429
+    # Other bands' session clusters admit, and stay sticky.
+    keyed[names.OBJECTIVE_HEADER] = "urgent"
+    served = {(await _chat_with(http, gateway.url, keyed)) for _ in range(5)}
+    assert len(served) == 1, served
+    stats = await gateway.envoy.get_stats(r"^cluster\.llama/session/[a-z]+\.upstream_rq_total$")
+    critical = names.band_cluster_name("llama", "critical", session=True)
+    assert stats[f"cluster.{critical}.upstream_rq_total"] == 5
+    assert stats.get(f"cluster.{session}.upstream_rq_total", 0) == 0
+
+
+async def _chat_with(http: aiohttp.ClientSession, url: str, headers: Mapping[str, str]) -> str:
+    body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as response:
+        assert response.status == 200
+        return response.headers["x-backend-id"]
