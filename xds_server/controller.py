@@ -20,7 +20,7 @@ from xds_server import envoy
 from xds_server.config import RoutingConfig
 from xds_server.errors import ConfigError, XdsServerError
 from xds_server.policy.scoring import PodSignals, endpoint_id, score_pool
-from xds_server.policy.state import DesiredState
+from xds_server.policy.state import DesiredState, PoolState
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
 from xds_server.xds.resources import ResourceType
@@ -41,13 +41,20 @@ def _routing_part(config: RoutingConfig) -> RoutingConfig:
 @dataclass(frozen=True)
 class _Built:
     routing: RoutingConfig
+    # What EDS was built from (the whole config: endpoints, and pools' routing), and RTDS.
+    config: RoutingConfig
+    pools: Mapping[str, PoolState]
+    runtime: Mapping[str, float]
     snapshot: Snapshot
 
 
 class SnapshotBuilder:
-    """Builds snapshots from routing configs; an endpoints-only change rebuilds only EDS.
+    """Builds snapshots from routing configs; only the types whose inputs changed are rebuilt.
 
-    Mutable state: the last config's routing part and the snapshot built from it.
+    A routing change rebuilds everything; an endpoints-only change rebuilds only EDS, and a
+    runtime-only change (`DesiredState.runtime`) only RTDS, so Envoy is sent only those.
+
+    Mutable state: the inputs of the last build and the snapshot built from them.
     """
 
     def __init__(self) -> None:
@@ -58,21 +65,36 @@ class SnapshotBuilder:
 
         Raises InconsistentSnapshotError (or ValueError) for resources that cannot be served.
         """
+        state = state if state is not None else DesiredState()
         routing = _routing_part(config)
-        if self._last is not None and self._last.routing == routing:
-            snapshot = self._last.snapshot.replace(
-                ResourceType.ENDPOINT, envoy.build_endpoints(config, state)
-            )
+        last = self._last
+        if last is not None and last.routing == routing:
+            snapshot = last.snapshot
+            if last.config != config or last.pools != state.pools:
+                snapshot = snapshot.replace(
+                    ResourceType.ENDPOINT, envoy.build_endpoints(config, state)
+                )
+            if last.runtime != state.runtime:
+                snapshot = snapshot.replace(
+                    ResourceType.RUNTIME, envoy.build_runtime(state.runtime)
+                )
         else:
             snapshot = Snapshot.build(
                 {
+                    ResourceType.RUNTIME: envoy.build_runtime(state.runtime),
                     ResourceType.CLUSTER: envoy.build_clusters(config),
                     ResourceType.ENDPOINT: envoy.build_endpoints(config, state),
                     ResourceType.LISTENER: envoy.build_listeners(config),
                     ResourceType.ROUTE: envoy.build_routes(config),
                 }
             )
-        self._last = _Built(routing=routing, snapshot=snapshot)
+        self._last = _Built(
+            routing=routing,
+            config=config,
+            pools=state.pools,
+            runtime=state.runtime,
+            snapshot=snapshot,
+        )
         return snapshot
 
 

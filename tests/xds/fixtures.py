@@ -12,7 +12,8 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
-from google.protobuf import any_pb2, duration_pb2
+from envoy.service.runtime.v3 import rtds_pb2
+from google.protobuf import any_pb2, duration_pb2, struct_pb2
 from google.protobuf.wrappers_pb2 import UInt32Value
 
 from xds_server.xds.resources import ResourceType
@@ -89,16 +90,30 @@ def route_config(name: str, cluster_name: str) -> route_pb2.RouteConfiguration:
     )
 
 
+RUNTIME_LAYER = "layer"
+
+
+def runtime(layer: Mapping[str, float], *, name: str = RUNTIME_LAYER) -> rtds_pb2.Runtime:
+    struct = struct_pb2.Struct()
+    struct.update(dict(layer))
+    return rtds_pb2.Runtime(name=name, layer=struct)
+
+
 def snapshot(
     pools: Mapping[str, Sequence[tuple[str, int, int]]],
     *,
     listeners: Mapping[str, str] | None = None,
     connect_timeout_ms: int = 1000,
+    runtime_layer: Mapping[str, float] | None = None,
 ) -> Snapshot:
-    """Clusters and assignments per pool; `listeners` maps listener name -> pool it routes to."""
+    """Clusters and assignments per pool; `listeners` maps listener name -> pool it routes to.
+
+    With `runtime_layer`, also the Runtime resource RUNTIME_LAYER holding it.
+    """
     listeners = listeners or {}
     return Snapshot.build(
         {
+            ResourceType.RUNTIME: [] if runtime_layer is None else [runtime(runtime_layer)],
             ResourceType.CLUSTER: [
                 cluster(n, connect_timeout_ms=connect_timeout_ms) for n in pools
             ],

@@ -102,3 +102,13 @@ def test_replace_checks_the_merged_snapshot() -> None:
     assert relisted.versions == snap.versions
     with pytest.raises(InconsistentSnapshotError):
         snap.replace(ResourceType.CLUSTER, [*clusters, fixtures.cluster("c")])
+
+
+def test_a_snapshot_without_runtime_is_valid_and_replacing_runtime_changes_only_rtds() -> None:
+    snap = fixtures.snapshot(POOLS, listeners={"l": "a"})
+    assert snap.names(ResourceType.RUNTIME) == frozenset()
+    with_layer = snap.replace(ResourceType.RUNTIME, [fixtures.runtime({"k": 1})])
+    assert with_layer.names(ResourceType.RUNTIME) == {fixtures.RUNTIME_LAYER}
+    changed = {t for t in ResourceType if with_layer.versions[t] != snap.versions[t]}
+    assert changed == {ResourceType.RUNTIME}
+    assert "rtds" in with_layer.to_json()

@@ -13,6 +13,7 @@ from xds_server.envoy.clusters import build_cluster, build_clusters, build_sessi
 from xds_server.envoy.endpoints import build_endpoints
 from xds_server.envoy.listeners import build_http_connection_manager, build_listeners
 from xds_server.envoy.routes import build_routes
+from xds_server.envoy.runtime import build_runtime
 
 __all__ = [
     "build_cluster",
@@ -21,6 +22,7 @@ __all__ = [
     "build_http_connection_manager",
     "build_listeners",
     "build_routes",
+    "build_runtime",
     "build_session_cluster",
     "names",
     "render_bootstrap",

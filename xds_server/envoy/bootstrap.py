@@ -1,10 +1,11 @@
 """The bootstrap that points a stock Envoy at this xDS server.
 
-Everything but the connection to the server comes over one ADS stream: clusters (CDS)
-and listeners (LDS) by wildcard, then endpoints (EDS) and routes (RDS) by name. The
-result is a plain dict so the CLI can print it as YAML and tests can hand it to
-EnvoyProcess; envoy/bootstrap.yaml in the repository is this function's output for a
-server on 127.0.0.1:18000, and envoy/README.md explains each field.
+Everything but the connection to the server comes over one ADS stream: the runtime
+layer (RTDS) by name, clusters (CDS) and listeners (LDS) by wildcard, then endpoints
+(EDS) and routes (RDS) by name. The result is a plain dict so the CLI can print it
+as YAML and tests can hand it to EnvoyProcess; envoy/bootstrap.yaml in the repository
+is this function's output for a server on 127.0.0.1:18000, and envoy/README.md
+explains each field.
 """
 
 from __future__ import annotations
@@ -103,11 +104,21 @@ def render_bootstrap(
         },
         "layered_runtime": {
             "layers": [
-                # Empty now; a named place for runtime defaults (e.g. circuit breaker
-                # keys), overridden by the admin layer below.
+                # Empty now; a named place for runtime defaults, overridden by the
+                # layers below.
                 {"name": "static", "static_layer": {}},
-                # `POST /runtime_modify` on the admin port changes runtime keys at once,
-                # e.g. circuit_breakers.<cluster>.default.max_requests, without a push.
+                # The server's runtime keys over ADS (RTDS), e.g. per-band limits
+                # circuit_breakers.<cluster>.default.max_requests, changed without a CDS
+                # push. Envoy waits for this layer at start-up: the server always sends it.
+                {
+                    "name": names.RUNTIME_LAYER_NAME,
+                    "rtds_layer": {
+                        "name": names.RUNTIME_LAYER_NAME,
+                        "rtds_config": {"ads": {}, "resource_api_version": "V3"},
+                    },
+                },
+                # Last, so it wins: `POST /runtime_modify` on the admin port overrides any
+                # key by hand, for operators and tests.
                 {"name": "admin", "admin_layer": {}},
             ]
         },

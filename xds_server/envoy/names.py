@@ -38,6 +38,7 @@ __all__ = [
     "RETRY_AFTER_KEY",
     "ROUTED_MODEL_HEADER",
     "ROUTE_CONFIG_NAME",
+    "RUNTIME_LAYER_NAME",
     "SENTINELS",
     "SESSION_BODY_KEYS",
     "SESSION_CLUSTER_SUFFIX",
@@ -113,6 +114,10 @@ RETRY_AFTER_KEY = "retry_after_s"
 
 # The static cluster in the bootstrap that points at this xDS server.
 XDS_CLUSTER = "xds_cluster"
+
+# The bootstrap's RTDS layer, and the one Runtime resource the server sends for it
+# (runtime.py): Envoy asks RTDS for a layer by its name.
+RUNTIME_LAYER_NAME = "xds-server"
 
 # OpenAI's error `type` for the refusals of a request (not for server-side failures).
 ERROR_TYPE = "invalid_request_error"

@@ -43,6 +43,12 @@ class PoolState:
 
 @dataclass(frozen=True, kw_only=True)
 class DesiredState:
-    """Endpoint state per pool name. A pool absent here takes its endpoints from config."""
+    """Endpoint state per pool name. A pool absent here takes its endpoints from config.
+
+    `runtime` holds the Envoy runtime keys the policy sets (for instance
+    `circuit_breakers.<cluster>.default.max_requests`), served over RTDS; a change to it
+    alone re-sends only the runtime layer.
+    """
 
     pools: Mapping[str, PoolState] = field(default_factory=dict)
+    runtime: Mapping[str, float] = field(default_factory=dict)

@@ -1,9 +1,15 @@
 """Resource types served over ADS, their type URLs, and what each resource references.
 
-The `ResourceType` order *is* the ADS send order (clusters, endpoints, listeners, routes):
-the xDS protocol asks management servers to send CDS before EDS and LDS before RDS so that a
-resource never arrives before the one that needs it is known
+The `ResourceType` order *is* the ADS send order (runtime, clusters, endpoints, listeners,
+routes): the xDS protocol asks management servers to send CDS before EDS and LDS before RDS
+so that a resource never arrives before the one that needs it is known
 (https://www.envoyproxy.io/docs/envoy/latest/api-docs/xds_protocol#eventual-consistency-considerations).
+
+Runtime (RTDS) goes first. It references nothing and nothing references it by name, but
+runtime keys such as `circuit_breakers.<cluster>.default.max_requests` configure clusters:
+sent first, a new cluster's limit is in force before the cluster itself arrives, never the
+other way round. It is also the order Envoy itself asks in: it fetches its RTDS layers while
+it initializes, before it starts CDS.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
+from envoy.service.runtime.v3 import rtds_pb2
 from google.protobuf.message import Message
 
 __all__ = ["ResourceType", "name_of", "references_of"]
@@ -27,10 +34,11 @@ _HCM = hcm_pb2.HttpConnectionManager
 class ResourceType(enum.IntEnum):
     """A resource type, ordered as ADS must send them. NOTE: the order is load-bearing."""
 
-    CLUSTER = 0
-    ENDPOINT = 1
-    LISTENER = 2
-    ROUTE = 3
+    RUNTIME = 0
+    CLUSTER = 1
+    ENDPOINT = 2
+    LISTENER = 3
+    ROUTE = 4
 
     @property
     def url(self) -> str:
@@ -38,7 +46,7 @@ class ResourceType(enum.IntEnum):
 
     @property
     def short(self) -> str:
-        """The conventional short name (cds, eds, lds, rds), for logs and metric labels."""
+        """The conventional short name (rtds, cds, eds, lds, rds), for logs and metric labels."""
         return _SHORT[self]
 
     @property
@@ -57,6 +65,7 @@ class ResourceType(enum.IntEnum):
 
 
 _CLASSES: dict[ResourceType, type[Message]] = {
+    ResourceType.RUNTIME: rtds_pb2.Runtime,
     ResourceType.CLUSTER: cluster_pb2.Cluster,
     ResourceType.ENDPOINT: endpoint_pb2.ClusterLoadAssignment,
     ResourceType.LISTENER: listener_pb2.Listener,
@@ -65,6 +74,7 @@ _CLASSES: dict[ResourceType, type[Message]] = {
 _URLS = {t: "type.googleapis.com/" + cls.DESCRIPTOR.full_name for t, cls in _CLASSES.items()}
 _BY_URL = {url: t for t, url in _URLS.items()}
 _SHORT = {
+    ResourceType.RUNTIME: "rtds",
     ResourceType.CLUSTER: "cds",
     ResourceType.ENDPOINT: "eds",
     ResourceType.LISTENER: "lds",
