@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from xds_server.config import BANDS, Band, FlowControlConfig
 
 __all__ = [
-    "UNLIMITED",
     "BandLoad",
     "PodCapacity",
     "PoolAdmission",
+    "UNLIMITED",
     "admit",
     "pod_capacity",
 ]
