@@ -88,3 +88,69 @@ async def test_rejected_config_keeps_the_last_good_snapshot(running) -> None:  #
     assert entry is not None and entry.snapshot is good
     assert telemetry.registry.get_sample_value("xds_config_reloads_total", {"result": "error"}) == 1
     assert telemetry.registry.get_sample_value("xds_config_last_reload_successful") == 0
+
+
+class FakeLoad:
+    """A LoadSource: fixed in-flight counts per band cluster, and a number of Envoys."""
+
+    def __init__(self, in_flight: dict[str, int], *, envoys: int = 1, rate: float = 2.0) -> None:
+        self.in_flight = in_flight
+        self.count = envoys
+        self.rate = rate
+
+    def band_load(self, clusters):  # type: ignore[no-untyped-def]
+        from xds_server.policy.admission import BandLoad
+
+        return BandLoad(
+            in_flight={b: sum(self.in_flight.get(c, 0) for c in cs) for b, cs in clusters.items()},
+            completions_per_s=self.rate,
+        )
+
+    def envoys(self) -> int:
+        return self.count
+
+
+FLOW = """
+updates: {debounce_s: 0.01, max_delay_s: 0.1}
+balancing: {scrape_interval_s: 0.05}
+flow_control: {enabled: true, default_pod_concurrency: 10}
+pools:
+  - name: pool
+    models: [m]
+    gpu_aware: false
+    endpoints: [{address: 10.0.0.1, port: 8000}, {address: 10.0.0.2, port: 8000}]
+"""
+
+
+async def test_flow_control_sets_band_limits_over_rtds_and_retry_after_over_rds() -> None:
+    telemetry, cache = Telemetry(), SnapshotCache()
+    load = FakeLoad({"pool/critical": 4, "pool/standard": 10}, envoys=2)
+    controller = Controller(cache=cache, telemetry=telemetry, load=load)
+    task = asyncio.create_task(controller.run())
+    try:
+        controller.submit(parse_config(FLOW))
+        first = await asyncio.wait_for(controller.settled(), 2)
+        assert first is not None
+        [runtime] = first.resources[ResourceType.RUNTIME].values()
+        layer = dict(runtime.message.layer)
+        # Capacity 20 (2 pods x 10); Standard gets 20 - 4, Sheddable 20 - 14; halved per Envoy.
+        assert layer["circuit_breakers.pool/standard.default.max_requests"] == 8
+        assert layer["circuit_breakers.pool/sheddable.default.max_requests"] == 3
+        assert layer["circuit_breakers.pool/critical.default.max_requests"] >= 1_000_000
+        assert controller.state.retry_after[("pool", "sheddable")] == 1
+
+        # The pool fills up: limits move over RTDS alone, Retry-After over RDS alone.
+        load.in_flight = {"pool/critical": 10, "pool/standard": 30}
+        await asyncio.sleep(0.3)
+        second = controller.snapshot
+        assert second is not None
+        [runtime] = second.resources[ResourceType.RUNTIME].values()
+        assert runtime.message.layer["circuit_breakers.pool/standard.default.max_requests"] == 5
+        assert runtime.message.layer["circuit_breakers.pool/sheddable.default.max_requests"] == 0
+        # 40 in flight for 20 places, 2 completions/s: 21 to finish first, about 10 s.
+        assert controller.state.retry_after[("pool", "sheddable")] == 12
+        assert second.versions[ResourceType.ROUTE] != first.versions[ResourceType.ROUTE]
+        for kept in (ResourceType.CLUSTER, ResourceType.LISTENER, ResourceType.ENDPOINT):
+            assert second.versions[kept] == first.versions[kept]
+    finally:
+        task.cancel()

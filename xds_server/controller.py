@@ -12,21 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from xds_server import envoy
-from xds_server.config import RoutingConfig
+from xds_server.config import BANDS, Band, PoolConfig, RoutingConfig
+from xds_server.envoy import names
 from xds_server.errors import ConfigError, XdsServerError
+from xds_server.policy.admission import BandLoad, PodCapacity, admit
 from xds_server.policy.scoring import PodSignals, endpoint_id, score_pool
-from xds_server.policy.state import DesiredState, PoolState
+from xds_server.policy.state import DesiredState, Health, PoolState
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["Controller", "SignalsSource", "SnapshotBuilder"]
+__all__ = ["Controller", "LoadSource", "SignalsSource", "SnapshotBuilder", "band_clusters"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class _Built:
     config: RoutingConfig
     pools: Mapping[str, PoolState]
     runtime: Mapping[str, float]
+    retry_after: Mapping[tuple[str, Band], int]
     snapshot: Snapshot
 
 
@@ -52,7 +55,8 @@ class SnapshotBuilder:
     """Builds snapshots from routing configs; only the types whose inputs changed are rebuilt.
 
     A routing change rebuilds everything; an endpoints-only change rebuilds only EDS, and a
-    runtime-only change (`DesiredState.runtime`) only RTDS, so Envoy is sent only those.
+    runtime-only change (`DesiredState.runtime`) only RTDS, and a Retry-After change
+    (`DesiredState.retry_after`, route metadata) only RDS, so Envoy is sent only those.
 
     Mutable state: the inputs of the last build and the snapshot built from them.
     """
@@ -78,6 +82,10 @@ class SnapshotBuilder:
                 snapshot = snapshot.replace(
                     ResourceType.RUNTIME, envoy.build_runtime(state.runtime)
                 )
+            if last.retry_after != state.retry_after:
+                snapshot = snapshot.replace(
+                    ResourceType.ROUTE, envoy.build_routes(config, state.retry_after)
+                )
         else:
             snapshot = Snapshot.build(
                 {
@@ -85,7 +93,7 @@ class SnapshotBuilder:
                     ResourceType.CLUSTER: envoy.build_clusters(config),
                     ResourceType.ENDPOINT: envoy.build_endpoints(config, state),
                     ResourceType.LISTENER: envoy.build_listeners(config),
-                    ResourceType.ROUTE: envoy.build_routes(config),
+                    ResourceType.ROUTE: envoy.build_routes(config, state.retry_after),
                 }
             )
         self._last = _Built(
@@ -93,6 +101,7 @@ class SnapshotBuilder:
             config=config,
             pools=state.pools,
             runtime=state.runtime,
+            retry_after=state.retry_after,
             snapshot=snapshot,
         )
         return snapshot
@@ -102,6 +111,61 @@ class SignalsSource(Protocol):
     """The latest metrics of every scraped pod, by endpoint id ("address:port")."""
 
     def __call__(self) -> Mapping[str, PodSignals]: ...
+
+
+class LoadSource(Protocol):
+    """What the Envoys report of the load they carry (LRS), for flow control."""
+
+    def band_load(self, clusters: Mapping[Band, Sequence[str]]) -> BandLoad:
+        """In-flight requests per band (summed over the band's `clusters` and every Envoy)
+        and the completions per second of all of them together."""
+        ...
+
+    def envoys(self) -> int:
+        """How many Envoys share the limits (at least 1)."""
+        ...
+
+
+def band_clusters(pool: PoolConfig) -> dict[Band, list[str]]:
+    """The clusters that admit each band of `pool` (names.band_cluster_name)."""
+    return {
+        band: [
+            names.band_cluster_name(pool.name, band),
+            *(
+                [names.band_cluster_name(pool.name, band, session=True)]
+                if pool.session_affinity
+                else []
+            ),
+        ]
+        for band in BANDS
+    }
+
+
+def _capacity_inputs(
+    pool: PoolConfig, state: PoolState | None, signals: Mapping[str, PodSignals]
+) -> list[PodCapacity]:
+    """The pool's ready pods as admission sees them: healthy, not draining, with their load
+    when their metrics are scraped (a pool without metrics counts every pod as idle)."""
+    if state is not None:
+        ready = {
+            f"{e.address}:{e.port}": e.hardware
+            for e in state.endpoints
+            if e.health is Health.HEALTHY
+        }
+    else:
+        ready = {endpoint_id(e): e.hardware for e in pool.endpoints if not e.draining}
+    pods = []
+    for key, hardware in sorted(ready.items()):
+        observed = signals.get(key)
+        pods.append(
+            PodCapacity(
+                hardware=hardware,
+                running=observed.running if observed is not None else 0.0,
+                waiting=observed.waiting if observed is not None else 0.0,
+                kv_usage=observed.kv_usage if observed is not None else None,
+            )
+        )
+    return pods
 
 
 class Controller:
@@ -125,11 +189,13 @@ class Controller:
         cache: SnapshotCache,
         telemetry: Telemetry,
         signals: SignalsSource | None = None,
+        load: LoadSource | None = None,
         group: str = DEFAULT_GROUP,
     ) -> None:
         self._cache = cache
         self._telemetry = telemetry
         self._signals = signals
+        self._load = load
         self._group = group
         self._builder = SnapshotBuilder()
         self._config: RoutingConfig | None = None
@@ -194,13 +260,11 @@ class Controller:
 
     def _rescore_interval(self) -> float | None:
         config = self._config
-        if (
-            config is None
-            or self._signals is None
-            or not any(p.weights_from_metrics for p in config.pools)
-        ):
+        if config is None:
             return None
-        return config.balancing.scrape_interval_s
+        scored = self._signals is not None and any(p.weights_from_metrics for p in config.pools)
+        admitted = self._load is not None and config.flow_control.enabled
+        return config.balancing.scrape_interval_s if scored or admitted else None
 
     async def run(self) -> None:
         """Apply changes until cancelled."""
@@ -216,12 +280,10 @@ class Controller:
             self._apply()
 
     def _desired_state(self, config: RoutingConfig) -> DesiredState:
-        if self._signals is None:
-            return DesiredState()
-        signals = self._signals()
+        signals = self._signals() if self._signals is not None else {}
         pools = {}
         for pool in config.pools:
-            if not pool.weights_from_metrics:
+            if not pool.weights_from_metrics or self._signals is None:
                 continue
             scored = score_pool(
                 pool,
@@ -232,7 +294,28 @@ class Controller:
             )
             self._memory[pool.name] = scored.memory
             pools[pool.name] = scored.state
-        return DesiredState(pools=pools)
+        if not config.flow_control.enabled or self._load is None:
+            return DesiredState(pools=pools)
+        runtime: dict[str, float] = {}
+        retry_after: dict[tuple[str, Band], int] = {}
+        admissions = {}
+        for pool in config.pools:
+            clusters = band_clusters(pool)
+            admission = admit(
+                _capacity_inputs(pool, pools.get(pool.name), signals),
+                load=self._load.band_load(clusters),
+                envoys=self._load.envoys(),
+                settings=config.flow_control,
+            )
+            admissions[pool.name] = admission
+            for band in BANDS:
+                retry_after[(pool.name, band)] = admission.retry_after_s[band]
+                for cluster in clusters[band]:
+                    key = f"circuit_breakers.{cluster}.default.max_requests"
+                    runtime[key] = admission.max_requests[band]
+        return DesiredState(
+            pools=pools, runtime=runtime, retry_after=retry_after, admissions=admissions
+        )
 
     def _apply(self) -> None:
         config = self._config

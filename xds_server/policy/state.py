@@ -10,6 +10,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from xds_server.config import Band
+    from xds_server.policy.admission import PoolAdmission
 
 __all__ = ["DesiredState", "EndpointState", "Health", "PoolState"]
 
@@ -52,3 +57,7 @@ class DesiredState:
 
     pools: Mapping[str, PoolState] = field(default_factory=dict)
     runtime: Mapping[str, float] = field(default_factory=dict)
+    # Flow control: the Retry-After of each (pool, band), a route property (RDS), and each
+    # pool's admission as decided (for metrics and /debug; nothing is built from it).
+    retry_after: Mapping[tuple[str, Band], int] = field(default_factory=dict)
+    admissions: Mapping[str, PoolAdmission] = field(default_factory=dict)
