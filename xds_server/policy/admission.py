@@ -72,17 +72,18 @@ class PoolAdmission:
     """A pool's admission: per band, the limit each Envoy enforces and the Retry-After."""
 
     capacity: int
-    # Requests in flight over every Envoy, all bands.
-    in_flight: int
+    # Requests in flight over every Envoy, per band.
+    in_flight: Mapping[Band, int]
     max_requests: Mapping[Band, int]
     retry_after_s: Mapping[Band, int]
 
     @property
     def saturation(self) -> float:
         """Requests in flight over capacity; above 1 means requests queue in the pods."""
+        total = sum(self.in_flight.values())
         if self.capacity == 0:
-            return math.inf if self.in_flight else 0.0
-        return self.in_flight / self.capacity
+            return math.inf if total else 0.0
+        return total / self.capacity
 
 
 def pod_capacity(pod: PodCapacity, *, settings: FlowControlConfig) -> int:
@@ -110,7 +111,7 @@ def admit(
     """The pool's admission from its ready `pods`, the Envoys' `load`, and how many
     `envoys` share it (at least one is assumed)."""
     capacity = sum(pod_capacity(p, settings=settings) for p in pods)
-    in_flight = {band: max(0, load.in_flight.get(band, 0)) for band in BANDS}
+    in_flight: dict[Band, int] = {band: max(0, load.in_flight.get(band, 0)) for band in BANDS}
     ahead = {
         "critical": 0,
         "standard": in_flight["critical"],
@@ -137,5 +138,5 @@ def admit(
         capacity=capacity,
         max_requests=max_requests,
         retry_after_s=retry_after,
-        in_flight=sum(in_flight.values()),
+        in_flight=in_flight,
     )
