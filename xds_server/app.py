@@ -33,6 +33,8 @@ from xds_server.sources.kubernetes.watch import KubernetesTelemetry
 from xds_server.sources.pod_metrics import PodMetricsSource
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
+from xds_server.xds.load_reports import LoadReports
+from xds_server.xds.load_stats import LoadStatsServer
 from xds_server.xds.nodes import NodeRegistry
 from xds_server.xds.server import AdsServer
 
@@ -73,6 +75,8 @@ class ServerSettings:
     # gRPC keepalive: notice a dead Envoy (or a dead path to it) within about a minute.
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
+    # How often Envoys send load reports (LRS): requests in flight and rates per cluster.
+    load_report_interval_s: float = 0.25
 
 
 class _State(enum.Enum):
@@ -89,6 +93,7 @@ class XdsApplication:
         self.telemetry = Telemetry()
         self.cache = SnapshotCache()
         self.registry = NodeRegistry(self.telemetry)
+        self.load_reports = LoadReports(self.telemetry)
         scrape_telemetry = ScrapeTelemetry(self.telemetry.registry)
         self.scraper = Scraper(
             MetricsStore(),
@@ -152,7 +157,12 @@ class XdsApplication:
             ]
         )
         self._grpc.add_generic_rpc_handlers(
-            (AdsServer(cache=self.cache, registry=self.registry).generic_handler(),)
+            (
+                AdsServer(cache=self.cache, registry=self.registry).generic_handler(),
+                LoadStatsServer(
+                    reports=self.load_reports, interval_s=s.load_report_interval_s
+                ).generic_handler(),
+            )
         )
         try:
             self.xds_port = self._grpc.add_insecure_port(f"{s.xds_host}:{s.xds_port}")

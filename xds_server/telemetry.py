@@ -84,6 +84,12 @@ class Telemetry:
             "1 if the latest routing config load succeeded.",
             registry=r,
         )
+        self.lrs_streams = Gauge(
+            "xds_lrs_streams", "Load reporting (LRS) streams currently open.", registry=r
+        )
+        self.lrs_reports = Counter(
+            "xds_lrs_reports", "Load reports received from Envoys over LRS.", registry=r
+        )
         self._version_labels: dict[tuple[str, str], str] = {}
 
     def record_snapshot_version(self, *, group: str, type_name: str, version: str) -> None:

@@ -2,10 +2,11 @@
 
 Everything but the connection to the server comes over one ADS stream: the runtime
 layer (RTDS) by name, clusters (CDS) and listeners (LDS) by wildcard, then endpoints
-(EDS) and routes (RDS) by name. The result is a plain dict so the CLI can print it
-as YAML and tests can hand it to EnvoyProcess; envoy/bootstrap.yaml in the repository
-is this function's output for a server on 127.0.0.1:18000, and envoy/README.md
-explains each field.
+(EDS) and routes (RDS) by name. Envoy also opens a load reporting (LRS) stream to the
+same server, which tells it how often to report each cluster's requests. The result is
+a plain dict so the CLI can print it as YAML and tests can hand it to EnvoyProcess;
+envoy/bootstrap.yaml in the repository is this function's output for a server on
+127.0.0.1:18000, and envoy/README.md explains each field.
 """
 
 from __future__ import annotations
@@ -57,6 +58,15 @@ def render_bootstrap(
             },
             "cds_config": {"ads": {}, "resource_api_version": "V3"},
             "lds_config": {"ads": {}, "resource_api_version": "V3"},
+        },
+        "cluster_manager": {
+            # Load reports (LRS) to the same server, which sets the interval: per cluster,
+            # the requests in flight and those finished since the last report.
+            "load_stats_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": names.XDS_CLUSTER}}],
+            }
         },
         "static_resources": {
             "clusters": [

@@ -1,0 +1,148 @@
+"""LRS over a real gRPC channel, driven by a scripted client; the LoadReports store."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import load_report_pb2
+from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
+from google.protobuf import duration_pb2
+
+from xds_server.telemetry import Telemetry
+from xds_server.xds.load_reports import LoadReports, Rates
+from xds_server.xds.load_stats import LoadStatsServer
+
+
+async def eventually(predicate: Callable[[], bool], *, what: str) -> None:
+    async with asyncio.timeout(2):
+        while not predicate():  # noqa: ASYNC110 (polls another task's effect)
+            await asyncio.sleep(0.01)
+    assert predicate(), what
+
+
+class Harness:
+    def __init__(self, telemetry: Telemetry, reports: LoadReports, target: str) -> None:
+        self.telemetry, self.reports, self.target = telemetry, reports, target
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.telemetry.registry.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+async def lrs() -> AsyncIterator[Harness]:
+    telemetry = Telemetry()
+    reports = LoadReports(telemetry)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (LoadStatsServer(reports=reports, interval_s=0.25).generic_handler(),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield Harness(telemetry, reports, f"127.0.0.1:{port}")
+    finally:
+        await server.stop(grace=None)
+
+
+class Reporter:
+    """A scripted Envoy load reporter."""
+
+    def __init__(self, target: str, node_id: str, cluster: str) -> None:
+        self.node = base_pb2.Node(id=node_id, cluster=cluster)
+        self._channel = grpc.aio.insecure_channel(target)
+        self._call: Any = lrs_pb2_grpc.LoadReportingServiceStub(self._channel).StreamLoadStats()
+
+    async def send(self, *clusters: load_report_pb2.ClusterStats) -> None:
+        await self._call.write(lrs_pb2.LoadStatsRequest(node=self.node, cluster_stats=clusters))
+
+    async def recv(self) -> lrs_pb2.LoadStatsResponse:
+        response: lrs_pb2.LoadStatsResponse = await asyncio.wait_for(self._call.read(), 2)
+        return response
+
+    async def close(self) -> None:
+        self._call.cancel()
+        await self._channel.close()
+
+
+def stats(
+    cluster: str, *localities: tuple[int, int, int, int], interval_s: float = 0.5
+) -> load_report_pb2.ClusterStats:
+    """Per locality: (in progress, successful, issued, errors)."""
+    return load_report_pb2.ClusterStats(
+        cluster_name=cluster,
+        load_report_interval=duration_pb2.Duration(
+            seconds=int(interval_s), nanos=int(interval_s % 1 * 1e9)
+        ),
+        upstream_locality_stats=[
+            load_report_pb2.UpstreamLocalityStats(
+                locality=base_pb2.Locality(zone=f"z{i}"),
+                total_requests_in_progress=active,
+                total_successful_requests=ok,
+                total_issued_requests=issued,
+                total_error_requests=errors,
+            )
+            for i, (active, ok, issued, errors) in enumerate(localities)
+        ],
+    )
+
+
+async def test_first_request_is_answered_with_all_clusters_and_the_interval(lrs) -> None:  # type: ignore[no-untyped-def]
+    reporter = Reporter(lrs.target, "envoy-1", "gateway")
+    try:
+        await reporter.send()
+        response = await reporter.recv()
+        assert response.send_all_clusters and not response.clusters
+        assert response.load_reporting_interval.ToMilliseconds() == 250
+        assert not response.report_endpoint_granularity
+        [node] = lrs.reports.nodes()
+        assert (node.node_id, node.group) == ("envoy-1", "gateway")
+        assert lrs.metric("xds_lrs_streams") == 1
+    finally:
+        await reporter.close()
+
+
+async def test_reports_are_summed_over_localities_and_envoys_and_forgotten_on_close(lrs) -> None:  # type: ignore[no-untyped-def]
+    one = Reporter(lrs.target, "envoy-1", "gateway")
+    two = Reporter(lrs.target, "envoy-2", "other")
+    try:
+        for reporter in (one, two):
+            await reporter.send()
+            await reporter.recv()
+        await one.send(stats("p/critical", (2, 4, 5, 1), (1, 2, 2, 0)), stats("p/sheddable"))
+        await two.send(stats("p/critical", (3, 0, 1, 0), interval_s=0.25))
+        await eventually(lambda: lrs.metric("xds_lrs_reports_total") == 2, what="two reports")
+        reports = lrs.reports
+        assert reports.in_progress("p/critical") == 6
+        assert reports.in_progress("p/critical", group="gateway") == 3
+        assert reports.in_progress("p/sheddable") == 0
+        assert reports.in_progress("unknown") == 0
+        # Rates: the reported totals (latched since the last report) over the interval.
+        assert reports.rates("p/critical", group="gateway") == Rates(
+            successful_per_s=12.0, issued_per_s=14.0, errors_per_s=2.0
+        )
+        assert reports.rates("p/critical").issued_per_s == 18.0
+        assert lrs.metric("xds_lrs_requests_in_progress", cluster="p/critical") == 6
+        [dumped] = [n for n in reports.to_json() if n["node_id"] == "envoy-1"]
+        assert dumped["clusters"]["p/critical"]["in_progress"] == 3  # type: ignore[index]
+
+        # A later report replaces the earlier one.
+        await one.send(stats("p/critical", (0, 1, 0, 0)))
+        await eventually(lambda: reports.in_progress("p/critical") == 3, what="the new report")
+
+        await two.close()
+        await eventually(lambda: len(reports.nodes()) == 1, what="envoy-2 forgotten")
+        assert reports.in_progress("p/critical") == 0
+        assert lrs.metric("xds_lrs_streams") == 1
+    finally:
+        await one.close()
+        await two.close()
+
+
+def test_the_interval_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        LoadStatsServer(reports=LoadReports(Telemetry()), interval_s=0)

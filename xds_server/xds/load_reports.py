@@ -1,0 +1,216 @@
+"""What the connected Envoys report over LRS: per cluster, requests in flight and rates.
+
+Envoy's load reporter (Load Reporting Service,
+https://www.envoyproxy.io/docs/envoy/latest/api-v3/service/load_stats/v3/lrs.proto) sends,
+every `load_reporting_interval`, per cluster and locality: `total_requests_in_progress` (a
+gauge: requests on upstream connections right now) and `total_successful_requests`,
+`total_error_requests`, `total_issued_requests`, which are *latched* counters: each report
+carries the requests finished (or issued) since the previous one, over the cluster's
+`load_report_interval`. So a rate is the reported total over that interval; nothing needs to
+be differenced here. A locality is left out of a report when its window issued no request
+and it has none in flight (Envoy 1.40; older Envoys: nothing finished and nothing in
+flight), so a cluster's figures are the sum over the localities present (or 0). That rule
+also drops the completions of a window that issued nothing: rates undercount when long
+requests finish in an otherwise idle window; `in_progress` is always exact.
+
+One entry per open LRS stream (an Envoy); it is forgotten when the stream closes, so sums
+are over the Envoys connected now. This is what flow control needs to see every band's
+requests in flight across all Envoys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import load_report_pb2
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from xds_server.telemetry import Telemetry
+from xds_server.xds.cache import NodeHash, by_node_cluster
+
+__all__ = ["ClusterLoad", "LoadReports", "NodeLoad", "Rates"]
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Requests per second over the last report interval(s), summed over Envoys."""
+
+    successful_per_s: float = 0.0
+    issued_per_s: float = 0.0
+    errors_per_s: float = 0.0
+
+    def __add__(self, other: Rates) -> Rates:
+        return Rates(
+            successful_per_s=self.successful_per_s + other.successful_per_s,
+            issued_per_s=self.issued_per_s + other.issued_per_s,
+            errors_per_s=self.errors_per_s + other.errors_per_s,
+        )
+
+
+@dataclass(frozen=True)
+class ClusterLoad:
+    """One cluster in one Envoy's latest report."""
+
+    in_progress: int
+    rates: Rates
+    # The interval the report covers (Envoy's measured load_report_interval), in seconds.
+    interval_s: float
+    # Monotonic time the report arrived.
+    reported_at: float
+
+    @classmethod
+    def of(cls, stats: load_report_pb2.ClusterStats, *, now: float) -> ClusterLoad:
+        localities = stats.upstream_locality_stats
+        interval = stats.load_report_interval.ToNanoseconds() / 1e9
+
+        def rate(total: int) -> float:
+            return total / interval if interval > 0 else 0.0
+
+        return cls(
+            in_progress=sum(s.total_requests_in_progress for s in localities),
+            rates=Rates(
+                successful_per_s=rate(sum(s.total_successful_requests for s in localities)),
+                issued_per_s=rate(sum(s.total_issued_requests for s in localities)),
+                errors_per_s=rate(sum(s.total_error_requests for s in localities)),
+            ),
+            interval_s=interval,
+            reported_at=now,
+        )
+
+
+@dataclass
+class NodeLoad:
+    """What one LRS stream (one Envoy) reported last (mutable; updated per report)."""
+
+    stream_id: int
+    node_id: str
+    group: str
+    clusters: dict[str, ClusterLoad] = field(default_factory=dict)
+    reports: int = 0
+
+
+class LoadReports:
+    """The latest load report of every connected Envoy, and sums over them.
+
+    Mutable state: `_nodes` (stream id -> NodeLoad). Everything runs on one event loop; the
+    LRS streams (load_stats.py) call `open`, `report` and `close`.
+    """
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        *,
+        node_hash: NodeHash = by_node_cluster,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._telemetry = telemetry
+        self._node_hash = node_hash
+        self._clock = clock
+        self._nodes: dict[int, NodeLoad] = {}
+        telemetry.registry.register(_InProgressCollector(self))
+
+    # -- updates (from the LRS streams) ----------------------------------------------------
+
+    def open(self, stream_id: int, node: base_pb2.Node) -> NodeLoad:
+        """Start tracking the Envoy `node` on stream `stream_id`."""
+        entry = NodeLoad(stream_id=stream_id, node_id=node.id, group=self._node_hash(node))
+        self._nodes[stream_id] = entry
+        self._telemetry.lrs_streams.inc()
+        return entry
+
+    def report(self, stream_id: int, clusters: list[load_report_pb2.ClusterStats]) -> None:
+        """Record one report of stream `stream_id`; clusters absent from it keep their last."""
+        entry = self._nodes.get(stream_id)
+        if entry is None:
+            return
+        now = self._clock()
+        for stats in clusters:
+            entry.clusters[stats.cluster_name] = ClusterLoad.of(stats, now=now)
+        entry.reports += 1
+        self._telemetry.lrs_reports.inc()
+
+    def close(self, stream_id: int) -> None:
+        """Forget the Envoy of stream `stream_id` (its stream closed)."""
+        if self._nodes.pop(stream_id, None) is not None:
+            self._telemetry.lrs_streams.dec()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def _loads(self, cluster: str, group: str | None) -> Iterator[ClusterLoad]:
+        for entry in self._nodes.values():
+            if group is None or entry.group == group:
+                load = entry.clusters.get(cluster)
+                if load is not None:
+                    yield load
+
+    def in_progress(self, cluster: str, *, group: str | None = None) -> int:
+        """Requests in flight on `cluster` over the connected Envoys (of `group`; None: all)."""
+        return sum(load.in_progress for load in self._loads(cluster, group))
+
+    def rates(self, cluster: str, *, group: str | None = None) -> Rates:
+        """Request rates of `cluster`, summed over the connected Envoys (of `group`)."""
+        return sum((load.rates for load in self._loads(cluster, group)), Rates())
+
+    def nodes(self, group: str | None = None) -> list[NodeLoad]:
+        """The connected Envoys (of `group`; None: all) and their latest reports."""
+        return [e for e in self._nodes.values() if group is None or e.group == group]
+
+    def clusters(self) -> frozenset[str]:
+        """Every cluster some connected Envoy reports."""
+        return frozenset(name for e in self._nodes.values() for name in e.clusters)
+
+    def to_json(self) -> list[dict[str, object]]:
+        """For /debug: per connected Envoy, its latest figures per cluster and their age."""
+        now = self._clock()
+        return [
+            {
+                "stream_id": e.stream_id,
+                "node_id": e.node_id,
+                "group": e.group,
+                "reports": e.reports,
+                "clusters": {
+                    name: {
+                        "in_progress": load.in_progress,
+                        "successful_per_s": load.rates.successful_per_s,
+                        "issued_per_s": load.rates.issued_per_s,
+                        "errors_per_s": load.rates.errors_per_s,
+                        "interval_s": load.interval_s,
+                        "age_s": round(now - load.reported_at, 3),
+                    }
+                    for name, load in sorted(e.clusters.items())
+                },
+            }
+            for e in self._nodes.values()
+        ]
+
+
+class _InProgressCollector:
+    """`xds_lrs_requests_in_progress{cluster}`, computed from the reports at scrape time."""
+
+    def __init__(self, reports: LoadReports) -> None:
+        self._reports = reports
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return [self._family()]
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "xds_lrs_requests_in_progress",
+            "Requests in flight per cluster, summed over the connected Envoys' load reports.",
+            labels=["cluster"],
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = self._family()
+        for cluster in sorted(self._reports.clusters()):
+            family.add_metric([cluster], self._reports.in_progress(cluster))
+        yield family
+
+
+_: type[Collector] = _InProgressCollector
