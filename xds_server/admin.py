@@ -3,7 +3,8 @@
 /metrics         the server's Prometheus metrics (telemetry.py)
 /healthz         200 while the process serves (liveness)
 /readyz          200 once a snapshot is in the cache, else 503 (readiness)
-/debug/nodes     connected Envoys: node, versions sent and ACKed per type, last NACK
+/debug/nodes     connected Envoys: node, versions sent and ACKed per type, last NACK, and
+                 their latest load reports (LRS) per cluster
 /debug/snapshot  the snapshot of every group: versions and resource names
 /debug/config    the routing config in force, the last config error, and on Kubernetes the
                  watches, objectives and objects that could not be used
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -44,6 +46,7 @@ def make_admin_app(
     cache: SnapshotCache,
     controller: Controller,
     discovery: DebugSource | None = None,
+    load_reports: Callable[[], Any] | None = None,
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(telemetry.registry)
@@ -61,7 +64,12 @@ def make_admin_app(
         )
 
     async def nodes(_: web.Request) -> web.Response:
-        return _json({"streams": registry.to_json()})
+        return _json(
+            {
+                "streams": registry.to_json(),
+                "load_reports": None if load_reports is None else load_reports(),
+            }
+        )
 
     async def snapshot(_: web.Request) -> web.Response:
         return _json({"groups": cache.to_json()})

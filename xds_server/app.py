@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -19,11 +19,13 @@ from typing import Any
 import grpc
 
 from xds_server.admin import AdminServer, make_admin_app
-from xds_server.config import RoutingConfig
+from xds_server.band_telemetry import BandCollector
+from xds_server.config import Band, RoutingConfig
 from xds_server.controller import Controller
 from xds_server.errors import ConfigError, XdsServerError
 from xds_server.metrics import MetricsStore, Scraper, ScrapeTelemetry
 from xds_server.pod_telemetry import PodCollector
+from xds_server.policy.admission import BandLoad
 from xds_server.sources.config_file import watch_config_file
 from xds_server.sources.kubernetes import client as kubernetes_client
 from xds_server.sources.kubernetes.configmap import watch_configmap
@@ -38,7 +40,7 @@ from xds_server.xds.load_stats import LoadStatsServer
 from xds_server.xds.nodes import NodeRegistry
 from xds_server.xds.server import AdsServer
 
-__all__ = ["KubernetesSettings", "ServerSettings", "XdsApplication"]
+__all__ = ["EnvoyLoad", "KubernetesSettings", "ServerSettings", "XdsApplication"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,31 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
+class EnvoyLoad:
+    """The controller's LoadSource: what every connected Envoy reports over LRS.
+
+    All Envoys count, whatever their node group: the pods' capacity is shared by all.
+    """
+
+    def __init__(self, reports: LoadReports) -> None:
+        self._reports = reports
+
+    def band_load(self, clusters: Mapping[Band, Sequence[str]]) -> BandLoad:
+        completed = sum(
+            self._reports.rates(c).successful_per_s for cs in clusters.values() for c in cs
+        )
+        return BandLoad(
+            in_flight={
+                band: sum(self._reports.in_progress(c) for c in cs)
+                for band, cs in clusters.items()
+            },
+            completions_per_s=completed,
+        )
+
+    def envoys(self) -> int:
+        return max(1, len(self._reports.nodes()))
+
+
 class XdsApplication:
     """The whole server. Use `async with XdsApplication(settings) as app:`; ports are then bound."""
 
@@ -103,9 +130,13 @@ class XdsApplication:
         )
         self.pods = PodMetricsSource(self.scraper)
         self.controller = Controller(
-            cache=self.cache, telemetry=self.telemetry, signals=self.pods.signals
+            cache=self.cache,
+            telemetry=self.telemetry,
+            signals=self.pods.signals,
+            load=EnvoyLoad(self.load_reports),
         )
         self.telemetry.registry.register(PodCollector(self.pods, self.controller))
+        self.telemetry.registry.register(BandCollector(self.controller, self.load_reports))
         self.discovery: KubernetesDiscovery | None = None
         self._kubernetes_api: Any = None
         if settings.kubernetes is not None:
@@ -131,6 +162,7 @@ class XdsApplication:
                 cache=self.cache,
                 controller=self.controller,
                 discovery=self.discovery,
+                load_reports=self.load_reports.to_json,
             ),
             host=settings.admin_host,
             port=settings.admin_port,

@@ -113,6 +113,8 @@ class LoadReports:
         self._node_hash = node_hash
         self._clock = clock
         self._nodes: dict[int, NodeLoad] = {}
+        # Per cluster, over every report since the server started: [issued, dropped].
+        self._totals: dict[str, list[int]] = {}
         telemetry.registry.register(_InProgressCollector(self))
 
     # -- updates (from the LRS streams) ----------------------------------------------------
@@ -132,6 +134,10 @@ class LoadReports:
         now = self._clock()
         for stats in clusters:
             entry.clusters[stats.cluster_name] = ClusterLoad.of(stats, now=now)
+            totals = self._totals.setdefault(stats.cluster_name, [0, 0])
+            totals[0] += sum(s.total_issued_requests for s in stats.upstream_locality_stats)
+            # Requests the cluster refused: circuit-breaker overflow (and drop_overload).
+            totals[1] += stats.total_dropped_requests
         entry.reports += 1
         self._telemetry.lrs_reports.inc()
 
@@ -156,6 +162,14 @@ class LoadReports:
     def rates(self, cluster: str, *, group: str | None = None) -> Rates:
         """Request rates of `cluster`, summed over the connected Envoys (of `group`)."""
         return sum((load.rates for load in self._loads(cluster, group)), Rates())
+
+    def admitted(self, clusters: list[str]) -> int:
+        """Requests sent upstream by `clusters` over every report since the server started."""
+        return sum(self._totals.get(c, (0, 0))[0] for c in clusters)
+
+    def refused(self, clusters: list[str]) -> int:
+        """Requests `clusters` refused (overflow) over every report since the server started."""
+        return sum(self._totals.get(c, (0, 0))[1] for c in clusters)
 
     def nodes(self, group: str | None = None) -> list[NodeLoad]:
         """The connected Envoys (of `group`; None: all) and their latest reports."""
