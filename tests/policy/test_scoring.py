@@ -135,3 +135,66 @@ def test_capacity_exponent_shapes_the_split() -> None:
         )
         _, b = score_pool(pool, settings=settings, signals=signals_, memory={}).state.endpoints
         assert b.weight == pytest.approx(expected, rel=0.08)
+
+
+LORA_POOL = POOL.model_copy(update={"adapters": ("a", "b", "c")})
+
+
+def adapters_of(pool_signals: dict[str, PodSignals]) -> dict[str, tuple[str, ...]]:
+    scored = score_pool(LORA_POOL, settings=SETTINGS, signals=pool_signals, memory={})
+    return {f"{e.address}:{e.port}": e.adapters for e in scored.state.endpoints}
+
+
+def test_an_adapter_no_pod_holds_is_placed_on_a_pod_with_a_free_slot() -> None:
+    got = adapters_of(
+        {
+            A: signals(adapters=("a", "b"), running_adapters=("a", "b"), max_adapters=2),
+            B: signals(adapters=("a",), running_adapters=("a",), max_adapters=2),
+        }
+    )
+    # c goes where it can load at once (B's second slot), not to A's full batch.
+    assert got == {A: ("a", "b"), B: ("a", "c")}
+
+
+def test_a_waiting_adapter_beyond_the_slots_is_not_advertised() -> None:
+    got = adapters_of(
+        {
+            A: signals(adapters=("a", "b", "c"), running_adapters=("a", "b"), max_adapters=2),
+            B: signals(adapters=(), running_adapters=(), max_adapters=2),
+        }
+    )
+    # c waits in A for a slot; its next requests go to B, which has two free.
+    assert got == {A: ("a", "b"), B: ("c",)}
+
+
+def test_a_hot_adapter_whose_holders_queue_spills_to_a_free_slot() -> None:
+    got = adapters_of(
+        {
+            A: signals(waiting=3, adapters=("a",), running_adapters=("a",), max_adapters=1),
+            B: signals(adapters=(), running_adapters=(), max_adapters=3),
+        }
+    )
+    assert got[B] == ("a", "b", "c")  # b and c (held nowhere) placed, then a spilled
+    quiet = adapters_of(
+        {
+            A: signals(waiting=0, adapters=("a",), running_adapters=("a",), max_adapters=1),
+            B: signals(adapters=(), running_adapters=(), max_adapters=1),
+        }
+    )
+    assert quiet == {A: ("a",), B: ("b",)}
+
+
+def test_pods_that_do_not_report_slots_keep_their_adapters() -> None:
+    got = adapters_of({A: signals(adapters=("a", "c")), B: signals()})
+    assert got == {A: ("a", "c"), B: ()}
+
+
+def test_with_no_free_slot_an_unheld_adapter_takes_one_from_an_adapter_held_twice() -> None:
+    got = adapters_of(
+        {
+            A: signals(adapters=("a", "b"), running_adapters=("a", "b"), max_adapters=2),
+            B: signals(adapters=("a", "c"), running_adapters=("a",), max_adapters=1),
+        }
+    )
+    # c waits in B beyond its slot; a is held twice, so A gives a's slot to c.
+    assert got == {A: ("b", "c"), B: ("a",)}

@@ -70,7 +70,12 @@ class PodSignals:
     running: float
     kv_usage: float | None = None
     kv_capacity_tokens: int | None = None
+    # LoRA adapters of the pod's running and waiting requests; of those, the running ones
+    # (None: not told apart, all count as running) and its adapter slots (vLLM's
+    # max_lora; None: unknown, and the pod's adapters are taken as they are).
     adapters: tuple[str, ...] = ()
+    running_adapters: tuple[str, ...] | None = None
+    max_adapters: int | None = None
     prefix_hit_rate: float | None = None
 
 
@@ -162,6 +167,13 @@ def score_pool(
             scores[key] = memory[key]
     median = statistics.median(scores.values()) if scores else 1.0
     top = max(scores.values(), default=1.0) or 1.0
+    healthy = [
+        endpoint_id(e)
+        for e in pool.endpoints
+        if endpoint_id(e) not in draining
+        and (endpoint_id(e) in fresh or (all_stale and settings.all_stale == "fail_open"))
+    ]
+    placed = _place_adapters(pool.adapters, healthy, signals, scores) if pool.adapters else {}
     states = []
     for endpoint in pool.endpoints:
         key = endpoint_id(endpoint)
@@ -180,8 +192,75 @@ def score_pool(
                 port=endpoint.port,
                 weight=_quantize(MAX_WEIGHT * score / top),
                 health=health,
-                adapters=tuple(sorted(observed.adapters)) if observed is not None else (),
+                adapters=placed[key]
+                if key in placed
+                else tuple(sorted(observed.adapters))
+                if observed is not None
+                else (),
                 hardware=endpoint.hardware,
             )
         )
     return ScoredPool(state=PoolState(name=pool.name, endpoints=tuple(states)), memory=scores)
+
+
+def _place_adapters(
+    adapters: tuple[str, ...],
+    healthy: list[str],
+    signals: Mapping[str, PodSignals],
+    scores: Mapping[str, float],
+) -> dict[str, tuple[str, ...]]:
+    """The adapters each healthy pod advertises (its subsets), where pods report their slots.
+
+    A pod advertises what it runs, and what waits in it only if that fits its free slots:
+    a waiting adapter beyond them is blocked until another adapter's requests all finish,
+    and advertising it would send that adapter's next requests into the same wait. Then
+    every configured adapter that no pod advertises, and after them every adapter all of
+    whose pods have requests waiting, is placed on the best-scoring pod with a free slot,
+    which loads it. With no free slot anywhere, an adapter nobody holds takes a slot from
+    an adapter held twice (`_take_a_slot`), else it falls back to the whole pool.
+    Pods that do not report their slots keep their adapters as reported.
+    """
+    held: dict[str, set[str]] = {}
+    free: dict[str, int] = {}
+    for key in healthy:
+        s = signals.get(key)
+        if s is None or s.max_adapters is None:
+            continue
+        running = set(s.running_adapters if s.running_adapters is not None else s.adapters)
+        waiting = set(s.adapters) - running
+        fits = len(running | waiting) <= s.max_adapters
+        held[key] = running | waiting if fits else running
+        free[key] = max(0, s.max_adapters - len(held[key]))
+    if not held:
+        return {}
+    by_score = sorted(held, key=lambda k: (-scores.get(k, 0.0), k))
+    # Adapters nobody holds first (else their requests have nowhere to go), then spills.
+    unheld = [a for a in adapters if not any(a in held[k] for k in held)]
+    for adapter in (*unheld, *(a for a in adapters if a not in unheld)):
+        holders = [k for k in held if adapter in held[k]]
+        if holders and not all(signals[k].waiting > 0 for k in holders):
+            continue
+        target = next((k for k in by_score if free[k] > 0 and adapter not in held[k]), None)
+        if target is not None:
+            held[target].add(adapter)
+            free[target] -= 1
+        elif not holders:
+            _take_a_slot(adapter, held, by_score)
+    return {key: tuple(sorted(a)) for key, a in held.items()}
+
+
+def _take_a_slot(adapter: str, held: dict[str, set[str]], by_score: list[str]) -> None:
+    """No free slot for an adapter nobody holds: the best-scoring pod that runs an adapter
+    some other pod holds too stops advertising that one and advertises `adapter` instead.
+    Its requests for the other adapter finish, the slot frees, and `adapter` loads there;
+    without this they would fall back anywhere and wait behind adapters that never drain.
+    """
+    for key in by_score:
+        shared = sorted(
+            (a for a in held[key] if sum(a in held[k] for k in held) > 1),
+            key=lambda a: (-sum(a in held[k] for k in held), a),
+        )
+        if shared:
+            held[key].discard(shared[0])
+            held[key].add(adapter)
+            return

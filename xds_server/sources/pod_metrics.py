@@ -51,6 +51,8 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
         kv_usage=metrics.kv_usage,
         kv_capacity_tokens=metrics.kv_capacity_tokens,
         adapters=tuple(sorted({*metrics.lora_running, *metrics.lora_waiting})),
+        running_adapters=tuple(sorted(metrics.lora_running)),
+        max_adapters=metrics.max_lora,
         prefix_hit_rate=observation.prefix_hit_rate,
     )
 
