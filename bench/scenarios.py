@@ -105,29 +105,37 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         )
         title = "mixed generations (2 H100-like + 2 A10G-like pods, Poisson at 65% of capacity)"
     elif name == "b":
+        # DESIGN.md's shape: bursts that overload single pods while the fleet has headroom,
+        # and skewed request sizes. Mostly short chat, plus documents (1.5k-6k tokens)
+        # whose prefill holds a pod's token budget for up to a second: a chat that lands
+        # behind one waits, whatever the fleet's load. Base load 45% of capacity, bursts
+        # 1.8x (about 80%): the fleet keeps headroom, so the tail comes from where requests
+        # go rather than from the fleet being short. (The earlier shape, 3.5x bursts to 140%
+        # of the fleet with 3k-token prompts, overloaded every pod at once: even the oracle
+        # gained only 19% on P99 over round robin.) Every policy replays the same trace.
         pods = _pods(h100=4)
         classes = (
             RequestClass(
                 name="chat",
-                weight=0.8,
+                weight=0.85,
                 prompt_words=ln(300, 0.4, 16, 1200),
                 output_tokens=ln(120, 0.4, 8, 400),
             ),
             RequestClass(
                 name="long-prompt",
-                weight=0.2,
-                prompt_words=ln(3000, 0.3, 1000, 8000),
+                weight=0.15,
+                prompt_words=ln(3000, 0.4, 1500, 6000),
                 output_tokens=ln(60, 0.4, 8, 200),
             ),
         )
         capacity = fleet_capacity(pods, classes)
         bursts = tuple(
-            Burst(start_s=duration_s * at, duration_s=max(0.5, duration_s * 0.08), multiplier=3.5)
+            Burst(start_s=duration_s * at, duration_s=max(0.5, duration_s * 0.1), multiplier=1.8)
             for at in (0.2, 0.5, 0.75)
         )
         trace = TraceSpec(
             duration_s=duration_s,
-            rate_per_s=0.4 * capacity,
+            rate_per_s=0.45 * capacity,
             arrivals="gamma",
             burstiness_cv=2.5,
             bursts=bursts,
@@ -135,8 +143,8 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             model=MODEL,
         )
         title = (
-            "bursty (4 identical pods, gamma arrivals cv 2.5 at 40% of capacity plus 3.5x bursts;"
-            " chat and long prompts)"
+            "bursty (4 identical pods, gamma arrivals cv 2.5 at 45% of capacity, 1.8x bursts;"
+            " short chat and 1.5k-6k-token documents)"
         )
     elif name == "c":
         pods = _pods(h100=4)
