@@ -56,6 +56,8 @@ def markdown_table(results: Mapping[str, Any]) -> str:
                 f"| {s.get('output_tokens_per_s', 0):,.0f} | {s.get('requests', 0)} "
                 f"| {_statuses(s.get('status_counts', {}))} |"
             )
+        if "capacity_tokens_per_s" in scenario:
+            lines += ["", *_overload_table(scenario)]
         closures = []
         for key, label in (("ttft_p95_s", "P95"), ("ttft_p99_s", "P99")):
             value = gap_closure(policies, key)
@@ -74,6 +76,43 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             "**Warning:** the machine was saturated during at least one run; see results.json."
         )
     return "\n".join(lines) + "\n"
+
+
+def _overload_table(scenario: Mapping[str, Any]) -> list[str]:
+    """Scenario f's flow-control figures: refusals per band, Critical TTFT, goodput."""
+    capacity = float(scenario["capacity_tokens_per_s"])
+    lines = [
+        f"Fleet capacity (single-pod saturation probes): {capacity:,.0f} output tokens/s.",
+        "",
+        "| policy | refused critical / standard / sheddable | first refusal s (std / shed) "
+        "| critical TTFT p99 ms, half load → overload | goodput tok/s (of capacity) "
+        "| 429 without Retry-After | 5xx |",
+        "|---|---|---|---|---|---:|---:|",
+    ]
+    policies = scenario["policies"]
+    for policy in [p for p in POLICY_ORDER if p in policies]:
+        s = policies[policy]
+        refused = s.get("refused_by_band", {})
+        first = s.get("first_refusal_s_by_band", {})
+        goodput = float(s.get("goodput_tokens_per_s", 0.0))
+        ratio = s.get("critical_ttft_p99_ratio")
+
+        def seconds(band: str) -> str:
+            value = first.get(band)  # noqa: B023
+            return "–" if value is None else f"{value:.1f}"
+
+        lines.append(
+            f"| {policy} "
+            f"| {refused.get('critical', 0)} / {refused.get('standard', 0)} "
+            f"/ {refused.get('sheddable', 0)} "
+            f"| {seconds('standard')} / {seconds('sheddable')} "
+            f"| {_ms(s.get('critical_ttft_p99_half_load_s'))} → "
+            f"{_ms(s.get('critical_ttft_p99_overload_s'))}"
+            f"{'' if ratio is None else f' ({ratio:.2f}x)'} "
+            f"| {goodput:,.0f} ({100 * goodput / capacity:.0f}%) "
+            f"| {s.get('retry_after_missing', 0)} | {s.get('server_errors', 0)} |"
+        )
+    return lines
 
 
 def plot_ttft_cdfs(

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.reaction import measure_reaction
 from bench.scenarios import MODEL, Scenario, build_scenario
 from xds_server.config import RoutingConfig
@@ -91,10 +92,14 @@ def _routing(
     project_balancing: Mapping[str, Any] | None = None,
 ) -> RoutingConfig:
     project = policy == "project"
+    flow_control = dict(scenario.flow_control or {}) if project else {}
     return RoutingConfig.model_validate(
         {
             "listener": {"address": "127.0.0.1", "port": 0},
-            "balancing": dict(project_balancing or {}) if project else {},
+            "flow_control": flow_control,
+            "balancing": {**(scenario.project_balancing or {}), **(project_balancing or {})}
+            if project
+            else {},
             "updates": {"debounce_s": 0.05, "max_delay_s": 0.2},
             "pools": [
                 {
@@ -194,6 +199,8 @@ async def _run_policy(
     summary["adapter_hit_fraction"] = (
         sum(e.adapter_hits for e in engines) / adapter_requests if adapter_requests else None
     )
+    if scenario.windows is not None:
+        summary.update(overload_figures(result.results, windows=scenario.windows))
     ttfts = [t for r in result.results if (t := ttft_sample(r)) is not None]
     saturated = (
         result.saturated
@@ -256,12 +263,13 @@ async def run_benchmark(
                     name, duration_s=options.duration_s, request_scale=options.request_scale
                 )
                 titles[name] = scenario.title
-                runs: dict[str, list[PolicyRun]] = {p: [] for p in options.policies}
+                policies = [p for p in options.policies if p in (scenario.policies or POLICIES)]
+                runs: dict[str, list[PolicyRun]] = {p: [] for p in policies}
                 for seed in range(1, options.seeds + 1):
                     trace = generate_trace(scenario.trace, seed=seed)
                     trace_path = traces_dir / f"{name}-seed{seed}.jsonl"
                     trace.save(trace_path)
-                    for policy in options.policies:
+                    for policy in policies:
                         count = len(trace.requests)
                         progress(f"scenario {name}, seed {seed}, {policy}: {count} requests")
                         run = await _run_policy(
@@ -281,13 +289,27 @@ async def run_benchmark(
                     "pods": [{"name": p.name, "profile": p.profile.name} for p in scenario.pods],
                     "policies": {p: _merge_seeds(r) for p, r in runs.items()},
                 }
+                if scenario.windows is not None:
+                    progress(f"scenario {name}: single-pod saturation probes for capacity")
+                    # The trace's own request lengths, in the trace's order.
+                    shapes = [(r.prompt_words, r.max_tokens) for r in trace.requests]
+                    results["scenarios"][name].update(
+                        await fleet_capacity_tokens_per_s(
+                            scenario.pods,
+                            model=MODEL,
+                            shapes=shapes,
+                            window_s=8.0 * min(1.0, options.request_scale * 4),
+                        )
+                    )
                 samples[name] = {p: [t for run in r for t in run.ttfts] for p, r in runs.items()}
     if "project" in options.policies:
         progress("reaction time: pod metrics change -> Envoy applies the new weight")
         reaction = await measure_reaction(trials=options.reaction_trials)
         results["reaction"] = reaction
         for scenario_results in results["scenarios"].values():
-            project = scenario_results["policies"]["project"]
+            project = scenario_results["policies"].get("project")
+            if project is None:
+                continue
             project["reaction_p50_s"] = reaction["reaction_p50_s"]
             project["reaction_p99_s"] = reaction["reaction_p99_s"]
     return results, samples, titles

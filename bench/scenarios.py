@@ -9,14 +9,18 @@ for a seconds-long smoke run.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from bench.overload import Windows
 from xds_server.sim.fleet import PodSpec
 from xds_server.sim.loadgen.trace import (
+    BandMix,
     Burst,
     LogNormal,
     Lora,
+    Phase,
     PrefixGroups,
     RequestClass,
     TraceSpec,
@@ -42,6 +46,14 @@ class Scenario:
     # policy turns on session/prefix affinity (consistent hashing on prompt_cache_key).
     adapters: tuple[str, ...] = ()
     session_affinity: bool = False
+    # Scenario f: the project's `flow_control` section, the policies that run (the oracle
+    # has no admission), and the windows its figures are measured in.
+    flow_control: Mapping[str, Any] | None = None
+    policies: tuple[str, ...] | None = None
+    windows: Windows | None = None
+    # `balancing` settings of the project's policy in this scenario (the run's own
+    # --project-balancing goes on top).
+    project_balancing: Mapping[str, Any] | None = None
 
 
 def _pods(**counts: int) -> tuple[PodSpec, ...]:
@@ -79,7 +91,7 @@ def fleet_capacity(pods: Sequence[PodSpec], classes: Sequence[RequestClass]) -> 
 
 
 def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) -> Scenario:
-    """Scenario `name` (a, b, c or d) lasting `duration_s` seconds of arrivals.
+    """Scenario `name` (a to f) lasting `duration_s` seconds of arrivals (f: three times).
 
     `request_scale` multiplies every prompt and output length (a smoke run uses short
     requests so that it drains in seconds); rates follow the resulting capacity.
@@ -93,6 +105,10 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
 
     adapters: tuple[str, ...] = ()
     session_affinity = False
+    flow_control: Mapping[str, Any] | None = None
+    policies: tuple[str, ...] | None = None
+    windows: Windows | None = None
+    project_balancing: Mapping[str, Any] | None = None
     chat = RequestClass(
         name="chat", prompt_words=ln(500, 0.4, 32, 2000), output_tokens=ln(150, 0.4, 8, 600)
     )
@@ -199,6 +215,43 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         )
         title = "LoRA (4 pods, 8 adapters, 2 slots per pod, Zipf-skewed popularity)"
         adapters = ADAPTERS
+    elif name == "f":
+        # Overload: half the fleet's capacity, then a ramp to twice it, with 20% Critical,
+        # 50% Standard and 30% Sheddable requests. Three times the run's duration: the
+        # windows need enough Critical requests for a P99 (about 40 and 200 of them).
+        duration_s *= 3
+        pods = _pods(h100=4)
+        classes = (chat,)
+        capacity = fleet_capacity(pods, classes)
+        trace = TraceSpec(
+            duration_s=duration_s,
+            rate_per_s=0.5 * capacity,
+            phases=(
+                Phase(start_s=0.3 * duration_s, rate_per_s=0.5 * capacity),
+                Phase(start_s=0.45 * duration_s, rate_per_s=2.0 * capacity),
+            ),
+            ramp=True,
+            request_classes=classes,
+            bands=BandMix(critical=0.2, standard=0.5, sheddable=0.3),
+            model=MODEL,
+        )
+        title = (
+            "overload (4 identical pods, 50% of capacity, then a ramp to 200%; "
+            "20% Critical, 50% Standard, 30% Sheddable)"
+        )
+        flow_control = {
+            "enabled": True,
+            # The simulated H100's max_num_seqs: what a pod runs at once without queueing.
+            "default_pod_concurrency": H100.max_num_seqs,
+        }
+        # A pool kept near its capacity wants Envoy's in-flight counting: least request
+        # keeps every pod below its batch size, where round robin would queue some.
+        project_balancing = {"active_request_bias": 1.0}
+        policies = ("round_robin", "least_request", "project")
+        windows = Windows(
+            half_load=(0.03 * duration_s, 0.3 * duration_s),
+            overload=(0.45 * duration_s, duration_s),
+        )
     else:
         raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
     return Scenario(
@@ -210,7 +263,11 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         capacity_requests_per_s=capacity,
         adapters=adapters,
         session_affinity=session_affinity,
+        flow_control=flow_control,
+        policies=policies,
+        windows=windows,
+        project_balancing=project_balancing,
     )
 
 
-SCENARIOS = ("a", "b", "c", "d", "e")
+SCENARIOS = ("a", "b", "c", "d", "e", "f")

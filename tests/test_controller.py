@@ -113,7 +113,8 @@ class FakeLoad:
 FLOW = """
 updates: {debounce_s: 0.01, max_delay_s: 0.1}
 balancing: {scrape_interval_s: 0.05}
-flow_control: {enabled: true, default_pod_concurrency: 10}
+flow_control:
+  {enabled: true, default_pod_concurrency: 10, critical_headroom: 0, sheddable_utilization: 1}
 pools:
   - name: pool
     models: [m]

@@ -106,6 +106,10 @@ class EnvoyLoad:
                 for band, cs in clusters.items()
             },
             completions_per_s=completed,
+            issued_per_s={
+                band: sum(self._reports.rates(c).issued_per_s for c in cs)
+                for band, cs in clusters.items()
+            },
         )
 
     def envoys(self) -> int:

@@ -215,6 +215,10 @@ class BalancingConfig(_Strict):
     # beats least request there (a new request's prefill, not the decodes in flight, is
     # what its first token waits for).
     active_request_bias: Annotated[float, Field(ge=0, le=10)] = 0.0
+    # Waiting requests the queue scorer ignores: a request that arrived during an engine
+    # step waits for the next one even on an idle pod, so a single waiting request at
+    # scrape time is noise on a pod with room, not a queue.
+    queue_slack: Annotated[int, Field(ge=0, le=1000)] = 0
 
 
 class ModelBands(_Strict):
@@ -242,6 +246,12 @@ class FlowControlConfig(_Strict):
     # `hardware`), and for pods without one.
     pod_concurrency: dict[Annotated[str, Field(min_length=1)], Annotated[int, Field(ge=1)]] = {}
     default_pod_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 32
+    # The share of capacity Standard and Sheddable may not take: free places for Critical
+    # requests to start at once, between two limit updates, instead of queueing in a pod.
+    critical_headroom: Annotated[float, Field(ge=0, le=0.9)] = 0.1
+    # Sheddable requests are admitted only while the pool runs below this share of the
+    # places Standard may fill: Sheddable is refused first, and leaves Standard room to grow.
+    sheddable_utilization: Annotated[float, Field(ge=0, le=1)] = 0.8
     # Bounds of the Retry-After a refused request gets (the value is the expected drain time).
     retry_after_min_s: Annotated[int, Field(ge=1, le=3600)] = 1
     retry_after_max_s: Annotated[int, Field(ge=1, le=3600)] = 60

@@ -306,6 +306,8 @@ class Controller:
                 load=self._load.band_load(clusters),
                 envoys=self._load.envoys(),
                 settings=config.flow_control,
+                # Limits stand about one interval, and reach Envoy within another.
+                horizon_s=2 * config.balancing.scrape_interval_s,
             )
             admissions[pool.name] = admission
             for band in BANDS:

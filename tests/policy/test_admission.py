@@ -6,7 +6,11 @@ from xds_server.config import FlowControlConfig
 from xds_server.policy.admission import UNLIMITED, BandLoad, PodCapacity, admit, pod_capacity
 
 SETTINGS = FlowControlConfig(
-    enabled=True, pod_concurrency={"h100": 32, "a10g": 4}, default_pod_concurrency=8
+    enabled=True,
+    pod_concurrency={"h100": 32, "a10g": 4},
+    default_pod_concurrency=8,
+    critical_headroom=0,
+    sheddable_utilization=1,
 )
 
 
@@ -41,8 +45,8 @@ def test_strict_priority_budgets() -> None:
     busy = admit(
         pods, load=load(critical=20, standard=30, sheddable=10), envoys=1, settings=SETTINGS
     )
-    # Standard gets what Critical does not use; Sheddable only what is spare.
-    assert busy.max_requests == {"critical": UNLIMITED, "standard": 44, "sheddable": 14}
+    # Standard gets what Critical and (running) Sheddable leave; Sheddable only the spare.
+    assert busy.max_requests == {"critical": UNLIMITED, "standard": 34, "sheddable": 14}
     assert sum(busy.in_flight.values()) == 60 and busy.saturation == 60 / 64
 
     flooded = admit(pods, load=load(critical=70), envoys=1, settings=SETTINGS)
@@ -77,3 +81,34 @@ def test_retry_after_follows_the_expected_drain_time() -> None:
     assert slower.retry_after_s["sheddable"] == 40
     capped = admit(pods, load=load(standard=500, rate=1.0), envoys=1, settings=SETTINGS)
     assert capped.retry_after_s["sheddable"] == SETTINGS.retry_after_max_s
+
+
+def test_headroom_keeps_places_free_for_critical() -> None:
+    settings = SETTINGS.model_copy(update={"critical_headroom": 0.25})
+    admission = admit([idle(), idle()], load=load(critical=4), envoys=1, settings=settings)
+    # 64 places, 16 kept for Critical: Standard may take 64 - 16 - 4.
+    assert admission.max_requests["standard"] == 44
+    assert admission.max_requests["sheddable"] == 44
+    assert admission.max_requests["critical"] == UNLIMITED
+
+
+def test_sheddable_leaves_what_standard_will_take_before_the_next_update() -> None:
+    arriving = BandLoad(
+        in_flight={"critical": 0, "standard": 20, "sheddable": 0},
+        completions_per_s=5.0,
+        issued_per_s={"standard": 40.0},
+    )
+    admission = admit(
+        [idle(), idle()], load=arriving, envoys=1, settings=SETTINGS, horizon_s=0.25
+    )
+    # 44 free places; Standard is expected to take 40/s x 0.25 s = 10 of them.
+    assert admission.max_requests["standard"] == 64
+    assert admission.max_requests["sheddable"] == 34
+
+
+def test_sheddable_stops_before_the_pool_is_full() -> None:
+    settings = SETTINGS.model_copy(update={"sheddable_utilization": 0.75})
+    admission = admit([idle(), idle()], load=load(standard=40), envoys=1, settings=settings)
+    # 64 places: Standard may fill them all, Sheddable only up to 48 in all.
+    assert admission.max_requests["standard"] == 64
+    assert admission.max_requests["sheddable"] == 8

@@ -10,10 +10,17 @@ from the pods' metrics and the Envoys' load reports:
   its concurrency (`flow_control.pod_concurrency` by hardware class, else
   `default_pod_concurrency`); a pod that reports waiting requests, or a KV cache about to
   preempt, is full at what it runs now, so it counts as that.
-- **strict priority**, with R_b the requests of band b in flight over every Envoy (LRS):
-  Critical is admitted while any pod is ready (no limit: a critical request is never
-  refused; "no ready pod" is Envoy's 503); Standard gets the capacity Critical does not use,
-  C − R_critical; Sheddable only what is spare, C − R_critical − R_standard.
+- **strict priority**, with R_b the requests of band b in flight over every Envoy (LRS)
+  and T = C − H the places Standard and Sheddable may fill (H, `critical_headroom` × C, is
+  kept free for Critical requests to start at once instead of queueing in a full pod
+  until the next update): Critical is admitted while any pod is ready (no limit: a
+  critical request is never refused; "no ready pod" is Envoy's 503); Standard may grow to
+  T − R_critical − R_sheddable; Sheddable to u·T − R_critical − R_standard − A_standard,
+  where u (`sheddable_utilization`) keeps Sheddable to the spare of a pool that is not
+  nearly full (so it is refused first) and A_standard is what Standard is expected to
+  take before the next update (its admission rate times the horizon). An admitted
+  request cannot be taken back and runs for many seconds, so each budget leaves room for
+  what the others already run: the pods never hold more than T plus Critical.
 - **sharing**: each of the N connected Envoys enforces budget / N (rounded up, so their sum
   stays within the budget plus one request per Envoy), as one snapshot serves them all.
 - **Retry-After**: the expected time until the band has a free place: the requests ahead
@@ -27,7 +34,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xds_server.config import BANDS, Band, FlowControlConfig
 
@@ -65,6 +72,8 @@ class BandLoad:
     in_flight: Mapping[Band, int]
     # Requests of the pool completed per second, all bands together.
     completions_per_s: float
+    # Requests of each band sent to the pods per second (what a band takes between updates).
+    issued_per_s: Mapping[Band, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,23 +116,34 @@ def admit(
     load: BandLoad,
     envoys: int,
     settings: FlowControlConfig,
+    horizon_s: float = 0.5,
 ) -> PoolAdmission:
     """The pool's admission from its ready `pods`, the Envoys' `load`, and how many
-    `envoys` share it (at least one is assumed)."""
+    `envoys` share it (at least one is assumed). `horizon_s` is how long these limits stand
+    before the next ones arrive (what Standard may take meanwhile is kept from Sheddable)."""
     capacity = sum(pod_capacity(p, settings=settings) for p in pods)
     in_flight: dict[Band, int] = {band: max(0, load.in_flight.get(band, 0)) for band in BANDS}
-    ahead = {
-        "critical": 0,
-        "standard": in_flight["critical"],
-        "sheddable": in_flight["critical"] + in_flight["standard"],
+    critical, standard, sheddable = (in_flight[b] for b in BANDS)
+    target = capacity * (1 - settings.critical_headroom)
+    # Admitted requests cannot be taken back, so every band's budget leaves room for what
+    # the others already run: the pods never hold more than `target` (plus Critical).
+    # Standard may take all that is free; Sheddable what is free beyond what Standard is
+    # expected to take before the next limits.
+    standard_arrivals = load.issued_per_s.get("standard", 0.0) * horizon_s
+    budgets = {
+        "standard": target - critical - sheddable,
+        "sheddable": settings.sheddable_utilization * target
+        - critical
+        - standard
+        - standard_arrivals,
     }
+    ahead = {"critical": 0, "standard": critical, "sheddable": critical + standard}
     sharing = max(1, envoys)
     max_requests: dict[Band, int] = {"critical": UNLIMITED}
     retry_after: dict[Band, int] = {}
     for band in BANDS:
         if band != "critical":
-            budget = max(0, capacity - ahead[band])
-            max_requests[band] = math.ceil(budget / sharing)
+            max_requests[band] = math.ceil(max(0.0, budgets[band]) / sharing)
         # Requests that must finish before this band has a place: those ahead of it and of
         # its own beyond capacity, and one more for the refused request itself.
         waiting_for = max(0, ahead[band] + in_flight[band] - capacity) + 1

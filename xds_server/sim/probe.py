@@ -13,7 +13,9 @@ the same request shape, and count what comes back. Two details make the number h
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -44,9 +46,14 @@ async def saturation_probe(
     warmup_s: float,
     window_s: float,
     ramp_s: float = 0.0,
+    shapes: Sequence[tuple[int, int]] = (),
 ) -> ProbeResult:
     """Run `concurrency` streaming clients against `url` (`.../v1/chat/completions`) for
-    `warmup_s + window_s` seconds and measure the window."""
+    `warmup_s + window_s` seconds and measure the window.
+
+    Every request has `prompt_tokens` and `output_tokens`, unless `shapes` lists (prompt,
+    output) pairs: then the requests take them in turn, so that a workload's own mix of
+    lengths (whose long requests weigh on every step of a batch) is what is measured."""
     loop = asyncio.get_running_loop()
     begin = loop.time()
     window_start = begin + warmup_s
@@ -54,6 +61,7 @@ async def saturation_probe(
     completed = 0
     tokens = 0
     errors = 0
+    turns = itertools.cycle(shapes)
 
     async def client(index: int, session: aiohttp.ClientSession) -> None:
         nonlocal completed, tokens, errors
@@ -61,11 +69,12 @@ async def saturation_probe(
         sequence = 0
         while loop.time() < window_end:
             sequence += 1
-            words = " ".join(f"c{index}r{sequence}w{k}" for k in range(prompt_tokens))
+            prompt, output = next(turns) if shapes else (prompt_tokens, output_tokens)
+            words = " ".join(f"c{index}r{sequence}w{k}" for k in range(prompt))
             body = {
                 "model": model,
                 "messages": [{"role": "user", "content": words}],
-                "max_tokens": output_tokens,
+                "max_tokens": output,
                 "stream": True,
             }
             received = 0
@@ -88,7 +97,7 @@ async def saturation_probe(
                 errors += 1
                 continue
             now = loop.time()
-            if received != output_tokens:
+            if received != output:
                 errors += 1
             elif window_start <= now < window_end:
                 completed += 1
