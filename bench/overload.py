@@ -5,6 +5,9 @@ project (issue: flow control): no Critical refusal; Critical P99 TTFT in the ove
 most 1.5x its value at half load; Sheddable refused before Standard; a Retry-After on every
 429; no 5xx; goodput (output tokens per second of admitted requests, during the overload)
 at least 90% of the fleet's capacity, which single-pod saturation probes measure.
+
+`critical_ttft_p99_ratio` divides Critical's P99 in the overload by the P99 of every
+request at half load (see `overload_figures`).
 """
 
 from __future__ import annotations
@@ -57,21 +60,26 @@ def overload_figures(results: Sequence[RequestResult], *, windows: Windows) -> d
         for band in bands
     }
 
-    def critical_p99(window: tuple[float, float]) -> float | None:
+    def p99(window: tuple[float, float], *bands: str) -> float | None:
         samples = [
             t
             for r in results
-            if r.band == "critical" and _scheduled_in(r, window)
+            if r.band in bands and _scheduled_in(r, window)
             if (t := ttft_sample(r)) is not None
         ]
         return percentile(samples, 99)
 
-    half, over = critical_p99(windows.half_load), critical_p99(windows.overload)
+    # At half load nothing is refused and every band is routed alike, so Critical's P99
+    # there is estimated from every request of the window: Critical alone has a few dozen,
+    # whose P99 is their maximum. Both are reported.
+    half = p99(windows.half_load, *bands)
+    over = p99(windows.overload, "critical")
     start, end = windows.overload
     return {
         "goodput_tokens_per_s": sum(_tokens_in(r, windows.overload) for r in results)
         / (end - start),
-        "critical_ttft_p99_half_load_s": half,
+        "ttft_p99_half_load_s": half,
+        "critical_ttft_p99_half_load_s": p99(windows.half_load, "critical"),
         "critical_ttft_p99_overload_s": over,
         "critical_ttft_p99_ratio": None if not half or over is None else over / half,
         "first_refusal_s_by_band": first_refusal,
@@ -90,11 +98,14 @@ async def fleet_capacity_tokens_per_s(
     *,
     model: str,
     shapes: Sequence[tuple[int, int]],
-    window_s: float = 8.0,
+    warmup_s: float = 15.0,
+    window_s: float = 10.0,
 ) -> dict[str, Any]:
     """The fleet's output-token capacity for requests of `shapes` ((prompt, output) tokens,
     taken in turn: the scenario's own mix): one saturation probe per distinct profile, on
-    a pod of its own, times the pods of that profile."""
+    a pod of its own, times the pods of that profile. The warm-up is long because a
+    closed loop starts with every request fresh: until the long requests have piled up
+    as they do in steady state, steps are cheaper and throughput looks higher."""
     per_profile: dict[str, float] = {}
     for spec in pods:
         if spec.profile.name in per_profile:
@@ -108,7 +119,7 @@ async def fleet_capacity_tokens_per_s(
                 output_tokens=shapes[0][1],
                 shapes=shapes,
                 concurrency=spec.profile.max_num_seqs + 16,
-                warmup_s=3.0,
+                warmup_s=warmup_s,
                 window_s=window_s,
                 ramp_s=2.0,
             )

@@ -298,7 +298,8 @@ async def run_benchmark(
                             scenario.pods,
                             model=MODEL,
                             shapes=shapes,
-                            window_s=8.0 * min(1.0, options.request_scale * 4),
+                            warmup_s=15.0 * min(1.0, options.request_scale),
+                            window_s=10.0 * min(1.0, options.request_scale),
                         )
                     )
                 samples[name] = {p: [t for run in r for t in run.ttfts] for p, r in runs.items()}
