@@ -218,7 +218,7 @@ class BalancingConfig(_Strict):
     # Waiting requests the queue scorer ignores: a request that arrived during an engine
     # step waits for the next one even on an idle pod, so a single waiting request at
     # scrape time is noise on a pod with room, not a queue.
-    queue_slack: Annotated[int, Field(ge=0, le=1000)] = 0
+    queue_slack: Annotated[int, Field(ge=0, le=1000)] = 1
 
 
 class ModelBands(_Strict):

@@ -67,7 +67,7 @@ def test_capacity_from_hardware_class_wins() -> None:
 
 
 def test_queue_and_full_kv_cut_the_weight() -> None:
-    got = weights({A: signals(), B: signals(waiting=1)})
+    got = weights({A: signals(), B: signals(waiting=2)})  # one beyond the slack
     assert got[B][0] == pytest.approx(MAX_WEIGHT / 4, rel=0.15)
     got = weights({A: signals(), B: signals(kv_usage=0.95)})
     assert got[B][0] == pytest.approx(MAX_WEIGHT * 0.0625, rel=0.15)  # (0.25)^2
@@ -198,3 +198,14 @@ def test_with_no_free_slot_an_unheld_adapter_takes_one_from_an_adapter_held_twic
     )
     # c waits in B beyond its slot; a is held twice, so A gives a's slot to c.
     assert got == {A: ("b", "c"), B: ("a",)}
+
+
+def test_one_waiting_request_is_slack_by_default() -> None:
+    # A request that arrived during an engine step waits for the next one: not a queue.
+    assert weights({A: signals(waiting=1), B: signals()})[A] == (MAX_WEIGHT, Health.HEALTHY)
+    got = weights({A: signals(waiting=3), B: signals()})
+    assert got[A][0] == pytest.approx(MAX_WEIGHT / 9, rel=0.1)  # (1 / (1 + 3 - 1))^2
+    strict = BalancingConfig(smoothing=1.0, queue_slack=0)
+    assert weights({A: signals(waiting=1), B: signals()}, strict)[A][0] == pytest.approx(
+        MAX_WEIGHT / 4, rel=0.1
+    )

@@ -1,13 +1,15 @@
 """GPU-aware weights: from each pod's live metrics to its EDS weight and health.
 
-The slow loop of the design. Envoy's weighted least request picks, per request, the host
-with the best `weight / (active requests + 1)`: it already counts what is in flight, per
-request and without staleness. What it cannot see is how fast each pod serves and whether it
-is saturated. So a pod's weight is its relative serving capacity, discounted when its
+The slow loop of the design. Envoy balances every request by these weights: by default
+(`balancing.active_request_bias` 0) with weighted round robin, which on equal weights is
+plain round robin and spaces new requests evenly (a first token waits for its own prefill,
+not for the decodes in flight); with a bias above 0 with least request, by `weight /
+(active requests + 1)^bias`. What Envoy cannot see is how fast each pod serves and whether
+it is saturated. So a pod's weight is its relative serving capacity, discounted when its
 metrics say it is saturated:
 
-    score = capacity^c · (1 / (1 + waiting))^q · kv_headroom^k · (1 / (1 + running/slots))^r
-            · (0.5 + prefix_hit_rate)^p
+    score = capacity^c · (1 / (1 + waiting - slack))^q · kv_headroom^k
+            · (1 / (1 + running/slots))^r · (0.5 + prefix_hit_rate)^p
 
 with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off):
 
@@ -21,8 +23,10 @@ with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off)
   power keeps slow pods as standby for when the fast ones queue deeply (the queue scorer
   then cuts the fast pods' weights), while pods within ~10% of each other still share
   almost evenly. MAX_WEIGHT is 100,000 so that such small weights keep their resolution.
-- waiting: requests queued in the engine. One waiting request already means the pod is
-  full; with the default exponent 2 it quarters the weight.
+- waiting: requests queued in the engine, beyond `balancing.queue_slack` (default 1: a
+  request that arrived during an engine step waits for the next one even on an idle pod,
+  and taking that for a queue made equal pods' weights flicker apart). Each one beyond
+  means the pod is full; with the default exponent 2 the first quarters the weight.
 - kv_headroom: 1 up to 80% KV-cache use, then falling linearly to 0.05 at full: a pod that
   is about to preempt should get less.
 - running / slots: in-flight requests relative to the pod's share of the pool's (default
@@ -31,8 +35,8 @@ with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off)
 
 Scores are smoothed (EWMA, `balancing.smoothing`) and scaled so the best pod gets
 MAX_WEIGHT; then quantized to a geometric ladder (steps of 15%) so that near-equal pods get
-exactly equal weights (Envoy then falls back to power-of-two-choices, the best policy for a
-uniform fleet) and small noise does not turn into EDS pushes or swings between Envoys.
+exactly equal weights (Envoy then balances a uniform fleet by plain round robin) and small
+noise does not turn into EDS pushes or swings between Envoys.
 
 Health: a pod whose last good metrics are older than `stale_after_s` is UNHEALTHY (out of
 rotation) until they resume; a pod being shut down is DRAINING. When every pod of a pool is
@@ -124,7 +128,7 @@ def _score(signals: PodSignals, capacity: float, settings: BalancingConfig) -> f
     hit_rate = signals.prefix_hit_rate or 0.0
     factors = (
         (capacity, weights.capacity),
-        (1 / (1 + max(0.0, signals.waiting)), weights.queue),
+        (1 / (1 + max(0.0, signals.waiting - settings.queue_slack)), weights.queue),
         (kv_headroom, weights.kv_cache),
         (1 / (1 + max(0.0, signals.running) / slots), weights.running),
         (0.5 + min(1.0, max(0.0, hit_rate)), weights.prefix_cache),
