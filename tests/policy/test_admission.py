@@ -98,9 +98,7 @@ def test_sheddable_leaves_what_standard_will_take_before_the_next_update() -> No
         completions_per_s=5.0,
         issued_per_s={"standard": 40.0},
     )
-    admission = admit(
-        [idle(), idle()], load=arriving, envoys=1, settings=SETTINGS, horizon_s=0.25
-    )
+    admission = admit([idle(), idle()], load=arriving, envoys=1, settings=SETTINGS, horizon_s=0.25)
     # 44 free places; Standard is expected to take 40/s x 0.25 s = 10 of them.
     assert admission.max_requests["standard"] == 64
     assert admission.max_requests["sheddable"] == 34
