@@ -1,6 +1,6 @@
 """The routing configuration: what operators write, validated before it is used.
 
-The same document is read from a local file (the default) and, later, from a Kubernetes
+The same document is read from a local file (the default) or from a Kubernetes
 ConfigMap. Validation is strict (unknown keys are errors) because a typo that silently
 falls back to a default is worse than a refused config: the server keeps the last good
 config and says what was wrong.

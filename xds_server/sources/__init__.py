@@ -1,4 +1,4 @@
-"""Where inputs come from: the routing config (file; later ConfigMap) and, later, pods."""
+"""Where inputs come from: the routing config (file or ConfigMap), pods and their metrics."""
 
 from xds_server.sources.config_file import watch_config_file
 
