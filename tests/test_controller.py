@@ -10,6 +10,7 @@ import pytest
 from xds_server.config import parse_config
 from xds_server.controller import Controller, SnapshotBuilder
 from xds_server.errors import ConfigError
+from xds_server.policy.admission import BandLoad
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.resources import ResourceType
@@ -99,8 +100,6 @@ class FakeLoad:
         self.rate = rate
 
     def band_load(self, clusters):  # type: ignore[no-untyped-def]
-        from xds_server.policy.admission import BandLoad
-
         return BandLoad(
             in_flight={b: sum(self.in_flight.get(c, 0) for c in cs) for b, cs in clusters.items()},
             completions_per_s=self.rate,

@@ -97,19 +97,14 @@ class EnvoyLoad:
         self._reports = reports
 
     def band_load(self, clusters: Mapping[Band, Sequence[str]]) -> BandLoad:
-        completed = sum(
-            self._reports.rates(c).successful_per_s for cs in clusters.values() for c in cs
-        )
+        rates = {band: [self._reports.rates(c) for c in cs] for band, cs in clusters.items()}
         return BandLoad(
             in_flight={
                 band: sum(self._reports.in_progress(c) for c in cs)
                 for band, cs in clusters.items()
             },
-            completions_per_s=completed,
-            issued_per_s={
-                band: sum(self._reports.rates(c).issued_per_s for c in cs)
-                for band, cs in clusters.items()
-            },
+            completions_per_s=sum(r.successful_per_s for rs in rates.values() for r in rs),
+            issued_per_s={band: sum(r.issued_per_s for r in rs) for band, rs in rates.items()},
         )
 
     def envoys(self) -> int:

@@ -147,11 +147,7 @@ def _capacity_inputs(
     """The pool's ready pods as admission sees them: healthy, not draining, with their load
     when their metrics are scraped (a pool without metrics counts every pod as idle)."""
     if state is not None:
-        ready = {
-            f"{e.address}:{e.port}": e.hardware
-            for e in state.endpoints
-            if e.health is Health.HEALTHY
-        }
+        ready = {e.id: e.hardware for e in state.endpoints if e.health is Health.HEALTHY}
     else:
         ready = {endpoint_id(e): e.hardware for e in pool.endpoints if not e.draining}
     pods = []

@@ -19,6 +19,18 @@ __all__ = ["PodCollector"]
 
 _LABELS = ["pool", "pod"]
 
+# Each family: its key in `collect`, its name and its documentation.
+_FAMILIES = {
+    "kv": ("xds_pod_kv_cache_usage", "KV-cache use (0..1) the pod reported."),
+    "waiting": ("xds_pod_requests_waiting", "Requests queued in the pod's engine."),
+    "running": ("xds_pod_requests_running", "Requests running in the pod's engine."),
+    "adapters": ("xds_pod_lora_adapters", "LoRA adapters the pod holds or is loading."),
+    "weight": ("xds_pod_weight", "The EDS load-balancing weight sent to Envoy."),
+    "healthy": ("xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0."),
+    "age": ("xds_pod_metrics_age_seconds", "Age of the pod's last good metrics."),
+    "errors": ("xds_pod_scrape_errors_in_a_row", "Failed scrapes since the last good one."),
+}
+
 
 class PodCollector(Collector):
     """xds_pod_* gauges: one series per pod of every GPU-aware pool."""
@@ -29,39 +41,13 @@ class PodCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {
-            "kv": GaugeMetricFamily(
-                "xds_pod_kv_cache_usage", "KV-cache use (0..1) the pod reported.", labels=_LABELS
-            ),
-            "waiting": GaugeMetricFamily(
-                "xds_pod_requests_waiting", "Requests queued in the pod's engine.", labels=_LABELS
-            ),
-            "running": GaugeMetricFamily(
-                "xds_pod_requests_running", "Requests running in the pod's engine.", labels=_LABELS
-            ),
-            "adapters": GaugeMetricFamily(
-                "xds_pod_lora_adapters",
-                "LoRA adapters the pod holds or is loading.",
-                labels=_LABELS,
-            ),
-            "weight": GaugeMetricFamily(
-                "xds_pod_weight", "The EDS load-balancing weight sent to Envoy.", labels=_LABELS
-            ),
-            "healthy": GaugeMetricFamily(
-                "xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0.", labels=_LABELS
-            ),
-            "age": GaugeMetricFamily(
-                "xds_pod_metrics_age_seconds", "Age of the pod's last good metrics.", labels=_LABELS
-            ),
-            "errors": GaugeMetricFamily(
-                "xds_pod_scrape_errors_in_a_row",
-                "Failed scrapes since the last good one.",
-                labels=_LABELS,
-            ),
+            key: GaugeMetricFamily(name, documentation, labels=_LABELS)
+            for key, (name, documentation) in _FAMILIES.items()
         }
         observations = self._pods.observations()
         for pool in self._controller.state.pools.values():
             for endpoint in pool.endpoints:
-                pod_id = f"{endpoint.address}:{endpoint.port}"
+                pod_id = endpoint.id
                 labels = [pool.name, pod_id]
                 families["weight"].add_metric(labels, endpoint.weight)
                 families["healthy"].add_metric(

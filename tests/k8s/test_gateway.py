@@ -95,6 +95,13 @@ async def pods() -> AsyncIterator[tuple[int, list[ExampleBackend]]]:
         yield port, backends
 
 
+def seed(apiserver: ApiServerDouble, port: int, **pods: tuple[str, str]) -> None:
+    """The ConfigMap selecting app=llama on `port`, and pods by name: (ip, app label)."""
+    apiserver.put(configmap(config_document(port=port)))
+    for name, (ip, app) in pods.items():
+        apiserver.put(pod(name, ip, app=app))
+
+
 @contextlib.asynccontextmanager
 async def gateway_on(apiserver: ApiServerDouble) -> AsyncIterator[LocalGateway]:
     settings = KubernetesSettings(
@@ -125,10 +132,7 @@ async def test_envoy_follows_pods_through_their_lifecycle(  # type: ignore[no-un
     apiserver: ApiServerDouble, pods
 ) -> None:
     port, (a, b, c) = pods
-    apiserver.put(configmap(config_document(port=port)))
-    apiserver.put(pod("a", a.host))
-    apiserver.put(pod("b", b.host))
-    apiserver.put(pod("other", c.host, app="other"))
+    seed(apiserver, port, a=(a.host, "llama"), b=(b.host, "llama"), other=(c.host, "other"))
     async with gateway_on(apiserver) as gateway, aiohttp.ClientSession() as http:
         url = gateway.url
         assert await hosts(gateway) == {a.host: "HEALTHY", b.host: "HEALTHY"}
@@ -167,9 +171,7 @@ async def test_expired_and_compacted_watches_lose_and_duplicate_nothing(  # type
     apiserver: ApiServerDouble, pods
 ) -> None:
     port, (a, b, c) = pods
-    apiserver.put(configmap(config_document(port=port)))
-    apiserver.put(pod("a", a.host))
-    apiserver.put(pod("b", b.host))
+    seed(apiserver, port, a=(a.host, "llama"), b=(b.host, "llama"))
     async with gateway_on(apiserver) as gateway:
         # The watch ends (server timeout): it resumes from its resourceVersion.
         apiserver.expire_watches()
@@ -214,9 +216,7 @@ async def test_configmap_changes_apply_and_bad_ones_are_refused_with_an_event(  
     apiserver: ApiServerDouble, pods
 ) -> None:
     port, (a, b, _) = pods
-    apiserver.put(configmap(config_document(port=port)))
-    apiserver.put(pod("a", a.host))
-    apiserver.put(pod("b", b.host))
+    seed(apiserver, port, a=(a.host, "llama"), b=(b.host, "llama"))
     async with gateway_on(apiserver) as gateway, aiohttp.ClientSession() as http:
         assert (await chat(http, gateway.url, "llama"))[0] == 200
         loop = asyncio.get_running_loop()
@@ -250,9 +250,7 @@ async def test_inference_pool_and_model_rewrite_drive_pools_and_splits(  # type:
     apiserver: ApiServerDouble, pods
 ) -> None:
     port, (a, b, _) = pods
-    apiserver.put(configmap(config_document(port=port)))
-    apiserver.put(pod("a", a.host))
-    apiserver.put(pod("q", b.host, app="qwen"))
+    seed(apiserver, port, a=(a.host, "llama"), q=(b.host, "qwen"))
     async with gateway_on(apiserver) as gateway, aiohttp.ClientSession() as http:
         assert (await chat(http, gateway.url, "qwen3"))[0] == 404
         apiserver.put(
@@ -303,9 +301,7 @@ async def test_two_replicas_build_identical_snapshots(  # type: ignore[no-untype
     apiserver: ApiServerDouble, pods
 ) -> None:
     port, (a, b, c) = pods
-    apiserver.put(configmap(config_document(port=port)))
-    for name, backend in (("c", c), ("a", a), ("b", b)):
-        apiserver.put(pod(name, backend.host))
+    seed(apiserver, port, c=(c.host, "llama"), a=(a.host, "llama"), b=(b.host, "llama"))
     async with gateway_on(apiserver) as one, gateway_on(apiserver) as two:
         for gateway in (one, two):
             await eventually(lambda g=gateway: _has(g, {a.host, b.host, c.host}), what="3 pods")

@@ -39,6 +39,11 @@ class EndpointState:
     adapters: tuple[str, ...] = ()
     hardware: str | None = None
 
+    @property
+    def id(self) -> str:
+        """"address:port", as pods are keyed by the scraper and the policy."""
+        return f"{self.address}:{self.port}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class PoolState:

@@ -79,9 +79,6 @@ async def watch_configmap(
             if digest == last_digest:
                 continue
             last_digest = digest
-            if configmap is not None:
-                # List items carry no kind; the Event's involvedObject needs it.
-                configmap = {**configmap, "apiVersion": "v1", "kind": "ConfigMap"}
             try:
                 config = _read(configmap, source=source)
             except ConfigError as exc:
