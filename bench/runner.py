@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import statistics
 import tempfile
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -177,31 +178,37 @@ async def _run_policy(
             gateway,
             _routing(scenario, policy, endpoints, project_balancing=options.project_balancing),
         )
-        result: ReplayResult = await run_replay_in_subprocess(
-            trace_path,
-            url=gateway.url,
-            timeout_s=scenario.drain_s,
-            max_in_flight=5000,
-        )
+        counters = _CounterSampler(fleet)
+        async with counters.running():
+            result: ReplayResult = await run_replay_in_subprocess(
+                trace_path,
+                url=gateway.url,
+                timeout_s=scenario.drain_s,
+                max_in_flight=5000,
+            )
         sim_lag = _simulator_lag(fleet)
         # Retire the pods before they stop, as a drained deployment would.
         gateway.app.submit_config(
             _routing(scenario, policy, [], project_balancing=options.project_balancing)
         )
-        engines = [pod.state_snapshot().engine for pod in fleet]
-    summary = summarize(result.results, duration_s=scenario.trace.duration_s).to_json()
-    served_by = Counter(r.backend_id or "none" for r in result.results if r.status == 200)
+        end = _EngineCounters.of(fleet)
+    warmup_s = scenario.warmup_s
+    measured = [r for r in result.results if r.scheduled_at_s >= warmup_s]
+    summary = summarize(measured, duration_s=scenario.trace.duration_s - warmup_s).to_json()
+    served_by = Counter(r.backend_id or "none" for r in measured if r.status == 200)
     summary["served_by"] = dict(sorted(served_by.items()))
-    queries = sum(e.prefix_cache_queries for e in engines)
-    summary["prefix_cache_hit_rate"] = sum(e.prefix_cache_hits for e in engines) / max(1, queries)
-    summary["adapter_loads"] = sum(e.adapter_loads for e in engines)
-    adapter_requests = sum(e.adapter_requests for e in engines)
-    summary["adapter_hit_fraction"] = (
-        sum(e.adapter_hits for e in engines) / adapter_requests if adapter_requests else None
-    )
+    summary.update((end - counters.at(result.started_at_unix + warmup_s)).figures())
+    if warmup_s:
+        whole = summarize(result.results, duration_s=scenario.trace.duration_s)
+        summary["warmup_s"] = warmup_s
+        summary["whole_run"] = {
+            "ttft_p95_s": whole.ttft_p95_s,
+            "ttft_p99_s": whole.ttft_p99_s,
+            **end.figures(),
+        }
     if scenario.windows is not None:
         summary.update(overload_figures(result.results, windows=scenario.windows))
-    ttfts = [t for r in result.results if (t := ttft_sample(r)) is not None]
+    ttfts = [t for r in measured if (t := ttft_sample(r)) is not None]
     saturated = (
         result.saturated
         or sim_lag["mean_step_lag_s"] > SIM_STEP_LAG_SATURATED_S
@@ -214,6 +221,67 @@ async def _run_policy(
         "saturated": saturated,
     }
     return PolicyRun(summary=summary, ttfts=ttfts, saturated=saturated, notes=notes)
+
+
+@dataclass(frozen=True)
+class _EngineCounters:
+    """The fleet's cumulative prefix-cache and adapter counters at one moment."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    adapter_loads: int = 0
+    adapter_requests: int = 0
+    adapter_hits: int = 0
+
+    @classmethod
+    def of(cls, fleet: Fleet) -> _EngineCounters:
+        engines = [pod.state_snapshot().engine for pod in fleet]
+        return cls(*(sum(getattr(e, f.name) for e in engines) for f in dataclasses.fields(cls)))
+
+    def __sub__(self, other: _EngineCounters) -> _EngineCounters:
+        return _EngineCounters(
+            *(getattr(self, f.name) - getattr(other, f.name) for f in dataclasses.fields(self))
+        )
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "prefix_cache_hit_rate": self.prefix_cache_hits / max(1, self.prefix_cache_queries),
+            "adapter_loads": self.adapter_loads,
+            "adapter_hit_fraction": self.adapter_hits / self.adapter_requests
+            if self.adapter_requests
+            else None,
+        }
+
+
+class _CounterSampler:
+    """Samples the fleet's counters while a trace replays, so that figures can start at the
+    end of a scenario's warm-up (the replay runs in another process, on wall-clock time)."""
+
+    INTERVAL_S = 0.1
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+        self._samples: list[tuple[float, _EngineCounters]] = []
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async def sample() -> None:
+            while True:
+                self._samples.append((time.time(), _EngineCounters.of(self._fleet)))
+                await asyncio.sleep(self.INTERVAL_S)
+
+        task = asyncio.create_task(sample())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def at(self, unix_time: float) -> _EngineCounters:
+        """The last sample taken at or before `unix_time` (zeros before the first)."""
+        before = [counters for t, counters in self._samples if t <= unix_time]
+        return before[-1] if before else _EngineCounters()
 
 
 def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:

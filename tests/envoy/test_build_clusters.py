@@ -116,7 +116,13 @@ def test_panic_mode_is_off_on_every_cluster(affinity_config: RoutingConfig) -> N
 def test_clusters_in_pool_order_with_session_clusters(affinity_config: RoutingConfig) -> None:
     clusters = build_clusters(affinity_config)
     assert [c.name for c in clusters] == ["llm", "llm/session", "rr", "plain"]
-    assert [c.eds_cluster_config.service_name for c in clusters] == ["llm", "llm", "rr", "plain"]
+    # The session cluster has its own assignment: ring weights follow capacity, not load.
+    assert [c.eds_cluster_config.service_name for c in clusters] == [
+        "llm",
+        "llm/session",
+        "rr",
+        "plain",
+    ]
     assert names.session_cluster_name("llm") == "llm/session"
 
 
@@ -138,7 +144,7 @@ def test_the_session_cluster_hashes_with_bounded_load(affinity_config: RoutingCo
     session = build_session_cluster(affinity_config, pool)
     assert session.name == "llm/session"
     assert session.type == cluster_pb2.Cluster.EDS
-    assert session.eds_cluster_config.service_name == "llm"
+    assert session.eds_cluster_config.service_name == "llm/session"
     assert session.connect_timeout == build_cluster(affinity_config, pool).connect_timeout
     # The pool has adapters, so the ring sits inside the subset balancer too.
     _, child = _subset_of(session)
@@ -163,7 +169,7 @@ def test_every_cluster_has_its_assignment(affinity_config: RoutingConfig) -> Non
         }
     )
     assert snapshot.names(ResourceType.CLUSTER) == {"llm", "llm/session", "rr", "plain"}
-    assert snapshot.names(ResourceType.ENDPOINT) == {"llm", "rr", "plain"}
+    assert snapshot.names(ResourceType.ENDPOINT) == {"llm", "llm/session", "rr", "plain"}
 
 
 def _plain() -> RoutingConfig:

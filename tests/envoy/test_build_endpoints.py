@@ -106,6 +106,21 @@ def test_a_pool_in_the_state_takes_its_endpoints_from_it(affinity_config: Routin
             "metadata": {lb: {names.LORA_KEY: ["lora-a", "lora-b"]}},
         },
     ]
+    # The session assignment: the same endpoints, health and adapters on ring weights
+    # (capacity alone, when the policy gives them; else the weight itself).
+    ring = _endpoints(assignments["llm/session"])
+    assert [e["weight"] for e in ring] == [5, 1000, 1, 700]
+    assert [{**e, "weight": 0} for e in ring] == [
+        {**e, "weight": 0} for e in _endpoints(assignments["llm"])
+    ]
+    steady = _state(
+        "llm",
+        EndpointState(address="10.0.0.9", port=8000, weight=700, ring_weight=100_000),
+        EndpointState(address="10.0.0.3", port=8001, weight=1000, ring_weight=100_000),
+    )
+    by_pool = _by_pool(build_endpoints(affinity_config, steady))
+    assert [e["weight"] for e in _endpoints(by_pool["llm"])] == [1000, 700]
+    assert [e["weight"] for e in _endpoints(by_pool["llm/session"])] == [100_000, 100_000]
     # Pools absent from the state keep their config endpoints.
     assert _endpoints(assignments["plain"]) == [
         {"address": "10.0.1.1", "port": 9000, "weight": 1, "health": "UNKNOWN", "metadata": {}}

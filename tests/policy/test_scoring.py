@@ -156,6 +156,12 @@ def test_an_adapter_no_pod_holds_is_placed_on_a_pod_with_a_free_slot() -> None:
     assert got == {A: ("a", "b"), B: ("a", "c")}
 
 
+def test_adapters_placed_at_a_cold_start_spread_over_the_pods_with_most_free_slots() -> None:
+    empty = signals(adapters=(), running_adapters=(), max_adapters=2)
+    # Not a and b on the best-scoring pod A: the two most wanted adapters would share it.
+    assert adapters_of({A: empty, B: empty}) == {A: ("a", "c"), B: ("b",)}
+
+
 def test_a_waiting_adapter_beyond_the_slots_is_not_advertised() -> None:
     got = adapters_of(
         {
@@ -181,7 +187,9 @@ def test_a_hot_adapter_whose_holders_queue_spills_to_a_free_slot() -> None:
             B: signals(adapters=(), running_adapters=(), max_adapters=1),
         }
     )
-    assert quiet == {A: ("a",), B: ("b",)}
+    # No spill without a queue; c, with no free slot left, waits for one on A (the less
+    # loaded per slot), where it loads when a's requests drain.
+    assert quiet == {A: ("a", "c"), B: ("b",)}
 
 
 def test_pods_that_do_not_report_slots_keep_their_adapters() -> None:
@@ -209,3 +217,19 @@ def test_one_waiting_request_is_slack_by_default() -> None:
     assert weights({A: signals(waiting=1), B: signals()}, strict)[A][0] == pytest.approx(
         MAX_WEIGHT / 4, rel=0.1
     )
+
+
+def test_a_session_pool_rings_on_capacity_while_load_moves_the_weights() -> None:
+    pool = POOL.model_copy(update={"session_affinity": True})
+    scored = score_pool(
+        pool,
+        settings=SETTINGS,
+        signals={A: signals(waiting=6), B: signals(kv_capacity_tokens=40_000)},
+        memory={},
+    )
+    a, b = scored.state.endpoints
+    assert a.weight < b.weight  # A queues: its weight falls...
+    # ... but its share of the ring stays what its capacity (KV size, 4th power) says.
+    assert (a.ring_weight, b.ring_weight) == (MAX_WEIGHT, round(MAX_WEIGHT / 1.15**20))
+    plain = score_pool(POOL, settings=SETTINGS, signals={A: signals(), B: signals()}, memory={})
+    assert all(e.ring_weight is None for e in plain.state.endpoints)

@@ -21,11 +21,14 @@ Per pool, one cluster named after it:
   request names no adapter, the fallback ANY_ENDPOINT balances over the whole pool.
 
 A pool with `session_affinity` gets a second cluster, names.session_cluster_name(pool), on
-the same ClusterLoadAssignment (`service_name` = the pool), so both see the same
-endpoints, weights and health: ring hash on the route's hash policy (the session key),
-with bounded load (`hash_balance_factor`): a host already over that multiple of the mean
-in-flight load is skipped for the next one on the ring, so a hot session spills over
-instead of piling onto one GPU. Requests without a session key never reach it.
+its own ClusterLoadAssignment, names.session_eds_service_name(pool): the same endpoints,
+health and adapters, weighted by capacity instead of load. Ring hash on the route's hash
+policy (the session key) sizes each host's share of the ring by its weight, and a weight
+that followed load would move keys away from their cached prefixes with every update.
+Load is the bounded load's business (`hash_balance_factor`): a host already over that
+multiple of the mean in-flight load is skipped for the next one on the ring, so a hot
+session spills over instead of piling onto one GPU. Requests without a session key never
+reach it.
 
 With flow control on, each pool also gets one cluster per band,
 names.band_cluster_name(pool, band), and with session affinity one session cluster per
@@ -129,12 +132,18 @@ def _band_circuit_breakers() -> _Any:
 def build_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     """The EDS cluster of `pool`, named names.cluster_name(pool): weighted least request
     (or round robin), inside a subset balancer when the pool has LoRA adapters."""
-    return _eds_cluster(config, pool, names.cluster_name(pool.name), _balancing(config, pool))
+    return _eds_cluster(
+        config,
+        names.cluster_name(pool.name),
+        _balancing(config, pool),
+        service_name=names.eds_service_name(pool.name),
+    )
 
 
 def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     """The session-affinity cluster of `pool`, named names.session_cluster_name(pool):
-    ring hash with bounded load on the pool's own ClusterLoadAssignment."""
+    ring hash with bounded load on the pool's session ClusterLoadAssignment (the same
+    endpoints, weighted by capacity rather than load: names.session_eds_service_name)."""
     ring_hash = extension_pb2.TypedExtensionConfig(
         name=RING_HASH_POLICY,
         typed_config=_protos.pack(
@@ -146,11 +155,14 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
         ),
     )
     return _eds_cluster(
-        config, pool, names.session_cluster_name(pool.name), _subset(pool, ring_hash)
+        config,
+        names.session_cluster_name(pool.name),
+        _subset(pool, ring_hash),
+        service_name=names.session_eds_service_name(pool.name),
     )
 
 
-def _eds_cluster(config: RoutingConfig, pool: PoolConfig, name: str, policy: _Any) -> _Any:
+def _eds_cluster(config: RoutingConfig, name: str, policy: _Any, *, service_name: str) -> _Any:
     return cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
@@ -159,7 +171,7 @@ def _eds_cluster(config: RoutingConfig, pool: PoolConfig, name: str, policy: _An
                 ads=config_source_pb2.AggregatedConfigSource(),
                 resource_api_version=config_source_pb2.V3,
             ),
-            service_name=names.eds_service_name(pool.name),
+            service_name=service_name,
         ),
         connect_timeout=_protos.duration(config.listener.connect_timeout_s),
         load_balancing_policy=cluster_pb2.LoadBalancingPolicy(

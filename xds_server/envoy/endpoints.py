@@ -7,8 +7,9 @@ config, so a new desired state is an EDS-only push (no connection churn).
 A pool the policy decided on (present in `DesiredState.pools`) takes its endpoints from
 there; any other pool takes them from the config, as written. Per endpoint:
 
-- `load_balancing_weight`: the weight (weighted least request reads `weight /
-  (active + 1)`; ring hash sizes each host's share of the ring by it).
+- `load_balancing_weight`: the weight (weighted round robin and least request read it),
+  or in a session assignment the ring weight, from capacity alone (ring hash sizes each
+  host's share of the ring by it, and a share that followed load would move keys).
 - `health_status`: HEALTHY, DRAINING (finishes what it has, gets nothing new, and does not
   count against the pool's health) or UNHEALTHY (stale metrics: out of rotation). Config
   endpoints carry none (UNKNOWN), which Envoy treats as healthy.
@@ -49,7 +50,9 @@ HEALTH_STATUS: Mapping[Health, int] = {
 
 
 def build_endpoints(config: RoutingConfig, state: DesiredState | None = None) -> list[_Any]:
-    """One ClusterLoadAssignment per pool, in config order, named names.eds_service_name.
+    """One ClusterLoadAssignment per pool, in config order, named names.eds_service_name,
+    followed for a pool with session affinity by its session assignment
+    (names.session_eds_service_name: ring weights, clusters.py).
 
     Pools in `state.pools` take their endpoints from the state; the others from `config`.
     Pools of the state that the config does not have are ignored. A pool without endpoints
@@ -61,18 +64,25 @@ def build_endpoints(config: RoutingConfig, state: DesiredState | None = None) ->
     assignments = []
     for pool in config.pools:
         pool_state = decided.get(pool.name)
-        if pool_state is None:
-            lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
-        else:
-            lb_endpoints = [_from_state(pool, e) for e in _checked(pool.name, pool_state.endpoints)]
-        assignments.append(
-            endpoint_pb2.ClusterLoadAssignment(
-                cluster_name=names.eds_service_name(pool.name),
-                endpoints=[endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=lb_endpoints)]
-                if lb_endpoints
-                else [],
+        rings = (False, True) if pool.session_affinity else (False,)
+        for ring in rings:
+            if pool_state is None:
+                lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
+            else:
+                endpoints = _checked(pool.name, pool_state.endpoints)
+                lb_endpoints = [_from_state(pool, e, ring=ring) for e in endpoints]
+            assignments.append(
+                endpoint_pb2.ClusterLoadAssignment(
+                    cluster_name=names.session_eds_service_name(pool.name)
+                    if ring
+                    else names.eds_service_name(pool.name),
+                    endpoints=[
+                        endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=lb_endpoints)
+                    ]
+                    if lb_endpoints
+                    else [],
+                )
             )
-        )
     return assignments
 
 
@@ -102,12 +112,15 @@ def _from_config(pool: PoolConfig, endpoint: EndpointConfig) -> _Any:
     return lb_endpoint
 
 
-def _from_state(pool: PoolConfig, endpoint: EndpointState) -> _Any:
+def _from_state(pool: PoolConfig, endpoint: EndpointState, *, ring: bool) -> _Any:
     adapters = endpoint.adapters if endpoint.health is Health.HEALTHY else ()
+    weight = endpoint.weight
+    if ring and endpoint.ring_weight is not None:
+        weight = endpoint.ring_weight
     lb_endpoint = _lb_endpoint(
         endpoint.address,
         endpoint.port,
-        endpoint.weight,
+        weight,
         metadata=_metadata(pool, adapters, endpoint.hardware),
     )
     lb_endpoint.health_status = HEALTH_STATUS[endpoint.health]

@@ -51,6 +51,7 @@ __all__ = [
     "cluster_name",
     "eds_service_name",
     "session_cluster_name",
+    "session_eds_service_name",
 ]
 
 # The one listener that accepts OpenAI-style traffic, and its connection manager's stats
@@ -133,6 +134,12 @@ def cluster_name(pool: str) -> str:
 def eds_service_name(pool: str) -> str:
     """The ClusterLoadAssignment name the cluster of `pool` asks EDS for (the pool name)."""
     return pool
+
+
+def session_eds_service_name(pool: str) -> str:
+    """The ClusterLoadAssignment of `pool`'s session clusters: the same endpoints on weights
+    that follow capacity, not load, so that keys stay where their prefix is cached."""
+    return pool + SESSION_CLUSTER_SUFFIX
 
 
 def session_cluster_name(pool: str) -> str:

@@ -36,7 +36,10 @@ with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off)
 Scores are smoothed (EWMA, `balancing.smoothing`) and scaled so the best pod gets
 MAX_WEIGHT; then quantized to a geometric ladder (steps of 15%) so that near-equal pods get
 exactly equal weights (Envoy then balances a uniform fleet by plain round robin) and small
-noise does not turn into EDS pushes or swings between Envoys.
+noise does not turn into EDS pushes or swings between Envoys. A pool with session
+affinity also gets ring weights, the capacity factor alone on the same ladder: consistent
+hashing sizes each pod's share of the keys by its weight, and keys that moved with load
+would lose their cached prefixes (envoy/clusters.py).
 
 Health: a pod whose last good metrics are older than `stale_after_s` is UNHEALTHY (out of
 rotation) until they resume; a pod being shut down is DRAINING. When every pod of a pool is
@@ -50,9 +53,11 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
+from xds_server.policy.adapters import AdapterPod, place_adapters
 from xds_server.policy.state import EndpointState, Health, PoolState
 
 __all__ = ["KV_KNEE", "MAX_WEIGHT", "PodSignals", "ScoredPool", "endpoint_id", "score_pool"]
@@ -75,10 +80,11 @@ class PodSignals:
     kv_usage: float | None = None
     kv_capacity_tokens: int | None = None
     # LoRA adapters of the pod's running and waiting requests; of those, the running ones
-    # (None: not told apart, all count as running) and its adapter slots (vLLM's
+    # and the waiting ones (None: not told apart, all count as both) and its adapter slots (vLLM's
     # max_lora; None: unknown, and the pod's adapters are taken as they are).
     adapters: tuple[str, ...] = ()
     running_adapters: tuple[str, ...] | None = None
+    waiting_adapters: tuple[str, ...] | None = None
     max_adapters: int | None = None
     prefix_hit_rate: float | None = None
 
@@ -86,8 +92,10 @@ class PodSignals:
 @dataclass(frozen=True, kw_only=True)
 class ScoredPool:
     state: PoolState
-    # Smoothed scores by endpoint id, to pass back as `memory` next time.
+    # Smoothed scores by endpoint id, to pass back as `memory` next time, and the adapter
+    # placement (pods that report slots), to pass back as `placement`.
     memory: Mapping[str, float]
+    placement: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def endpoint_id(endpoint: EndpointConfig) -> str:
@@ -143,10 +151,11 @@ def score_pool(
     signals: Mapping[str, PodSignals],
     memory: Mapping[str, float],
     draining: Set[str] = frozenset(),
+    placement: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
-    `memory` is the previous call's `ScoredPool.memory` (empty at first); `draining` lists
+    `memory` and `placement` are the previous call's (empty at first); `draining` lists
     endpoints being shut down. Pure: the same inputs give the same output.
     """
     capacities = _capacities(pool.endpoints, signals, settings)
@@ -169,6 +178,8 @@ def score_pool(
             )
         elif key in memory:
             scores[key] = memory[key]
+    # The session ring's weights: capacity alone (the largest is 1), clusters.py.
+    capacity_exponent = settings.scorers.capacity
     median = statistics.median(scores.values()) if scores else 1.0
     top = max(scores.values(), default=1.0) or 1.0
     healthy = [
@@ -177,7 +188,11 @@ def score_pool(
         if endpoint_id(e) not in draining
         and (endpoint_id(e) in fresh or (all_stale and settings.all_stale == "fail_open"))
     ]
-    placed = _place_adapters(pool.adapters, healthy, signals, scores) if pool.adapters else {}
+    placed = (
+        _place_adapters(pool.adapters, healthy, signals, scores, placement, settings)
+        if pool.adapters
+        else {}
+    )
     states = []
     for endpoint in pool.endpoints:
         key = endpoint_id(endpoint)
@@ -195,6 +210,9 @@ def score_pool(
                 address=endpoint.address,
                 port=endpoint.port,
                 weight=_quantize(MAX_WEIGHT * score / top),
+                ring_weight=_quantize(MAX_WEIGHT * capacities[key] ** capacity_exponent)
+                if pool.session_affinity
+                else None,
                 health=health,
                 adapters=placed[key]
                 if key in placed
@@ -204,7 +222,9 @@ def score_pool(
                 hardware=endpoint.hardware,
             )
         )
-    return ScoredPool(state=PoolState(name=pool.name, endpoints=tuple(states)), memory=scores)
+    return ScoredPool(
+        state=PoolState(name=pool.name, endpoints=tuple(states)), memory=scores, placement=placed
+    )
 
 
 def _place_adapters(
@@ -212,59 +232,35 @@ def _place_adapters(
     healthy: list[str],
     signals: Mapping[str, PodSignals],
     scores: Mapping[str, float],
+    previous: Mapping[str, tuple[str, ...]],
+    settings: BalancingConfig,
 ) -> dict[str, tuple[str, ...]]:
-    """The adapters each healthy pod advertises (its subsets), where pods report their slots.
+    """Adapter placement (adapters.py) over the healthy pods.
 
-    A pod advertises what it runs, and what waits in it only if that fits its free slots:
-    a waiting adapter beyond them is blocked until another adapter's requests all finish,
-    and advertising it would send that adapter's next requests into the same wait. Then
-    every configured adapter that no pod advertises, and after them every adapter all of
-    whose pods have requests waiting, is placed on the best-scoring pod with a free slot,
-    which loads it. With no free slot anywhere, an adapter nobody holds takes a slot from
-    an adapter held twice (`_take_a_slot`), else it falls back to the whole pool.
-    Pods that do not report their slots keep their adapters as reported.
+    vLLM reports its slots only once it has served a LoRA request: a pod that has not yet
+    is taken to have as many as the most any pod of the pool reports, so that adapters
+    spread at a cold start instead of piling onto the first pod to report. With no pod
+    reporting, pods keep their adapters as reported.
     """
-    held: dict[str, set[str]] = {}
-    free: dict[str, int] = {}
-    for key in healthy:
-        s = signals.get(key)
-        if s is None or s.max_adapters is None:
-            continue
-        running = set(s.running_adapters if s.running_adapters is not None else s.adapters)
-        waiting = set(s.adapters) - running
-        fits = len(running | waiting) <= s.max_adapters
-        held[key] = running | waiting if fits else running
-        free[key] = max(0, s.max_adapters - len(held[key]))
-    if not held:
+    reported = [s.max_adapters for k in healthy if (s := signals.get(k)) and s.max_adapters]
+    if not reported:
         return {}
-    by_score = sorted(held, key=lambda k: (-scores.get(k, 0.0), k))
-    # Adapters nobody holds first (else their requests have nowhere to go), then spills.
-    unheld = [a for a in adapters if not any(a in held[k] for k in held)]
-    for adapter in (*unheld, *(a for a in adapters if a not in unheld)):
-        holders = [k for k in held if adapter in held[k]]
-        if holders and not all(signals[k].waiting > 0 for k in holders):
-            continue
-        target = next((k for k in by_score if free[k] > 0 and adapter not in held[k]), None)
-        if target is not None:
-            held[target].add(adapter)
-            free[target] -= 1
-        elif not holders:
-            _take_a_slot(adapter, held, by_score)
-    return {key: tuple(sorted(a)) for key, a in held.items()}
-
-
-def _take_a_slot(adapter: str, held: dict[str, set[str]], by_score: list[str]) -> None:
-    """No free slot for an adapter nobody holds: the best-scoring pod that runs an adapter
-    some other pod holds too stops advertising that one and advertises `adapter` instead.
-    Its requests for the other adapter finish, the slot frees, and `adapter` loads there;
-    without this they would fall back anywhere and wait behind adapters that never drain.
-    """
-    for key in by_score:
-        shared = sorted(
-            (a for a in held[key] if sum(a in held[k] for k in held) > 1),
-            key=lambda a: (-sum(a in held[k] for k in held), a),
+    pods = {
+        key: AdapterPod(
+            slots=s.max_adapters or max(reported),
+            load=s.running + s.waiting,
+            waiting=s.waiting > settings.queue_slack,
+            score=scores.get(key, 0.0),
+            adapters=frozenset(s.adapters),
+            running_adapters=frozenset(running),
+            queued_adapters=frozenset(
+                running & set(s.waiting_adapters)
+                if s.waiting_adapters is not None
+                else running
+            ),
         )
-        if shared:
-            held[key].discard(shared[0])
-            held[key].add(adapter)
-            return
+        for key in healthy
+        if (s := signals.get(key)) is not None
+        for running in [set(s.running_adapters if s.running_adapters is not None else s.adapters)]
+    }
+    return place_adapters(adapters, pods, previous)

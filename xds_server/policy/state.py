@@ -32,8 +32,10 @@ class Health(enum.Enum):
 class EndpointState:
     address: str
     port: int
-    # EDS load_balancing_weight, 1 .. MAX_WEIGHT (scoring.py).
+    # EDS load_balancing_weight, 1 .. MAX_WEIGHT (scoring.py), and the weight on the
+    # session-affinity ring: capacity alone, so that load does not move keys (None: weight).
     weight: int
+    ring_weight: int | None = None
     health: Health = Health.HEALTHY
     # LoRA adapters the pod holds or is loading (endpoint metadata for subset routing).
     adapters: tuple[str, ...] = ()

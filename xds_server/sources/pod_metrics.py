@@ -52,6 +52,7 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
         kv_capacity_tokens=metrics.kv_capacity_tokens,
         adapters=tuple(sorted({*metrics.lora_running, *metrics.lora_waiting})),
         running_adapters=tuple(sorted(metrics.lora_running)),
+        waiting_adapters=tuple(sorted(metrics.lora_waiting)),
         max_adapters=metrics.max_lora,
         prefix_hit_rate=observation.prefix_hit_rate,
     )

@@ -1,0 +1,31 @@
+"""Scenarios with a warm-up (c and e) measure only what arrives after it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.__main__ import main
+from bench.scenarios import build_scenario
+from xds_server.sim.loadgen.trace import Trace
+
+
+def test_scenario_c_runs_three_times_as_long_and_counts_from_the_end_of_its_warmup(
+    tmp_path: Path,
+) -> None:
+    scenario = build_scenario("c", duration_s=3.0)
+    assert (scenario.warmup_s, scenario.trace.duration_s) == (3.0, 9.0)
+    argv = ["run", "--scenarios", "c", "--quick", "--policies", "round_robin,project"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    trace = Trace.load(tmp_path / "traces" / "c-seed1.jsonl")
+    after_warmup = sum(1 for r in trace.requests if r.at_s >= scenario.warmup_s)
+    policies = json.loads((tmp_path / "results.json").read_text())["scenarios"]["c"]["policies"]
+    for name, summary in policies.items():
+        assert summary["warmup_s"] == 3.0, name
+        assert summary["requests"] == after_warmup < len(trace.requests), name
+        whole = summary["whole_run"]
+        # Every group's first request misses, so the warm-up lowers the whole run's rate.
+        assert whole["prefix_cache_hit_rate"] < summary["prefix_cache_hit_rate"], name
+    # Hashing on the group's key keeps each prefix where it is cached; round robin does not.
+    hit = {name: s["prefix_cache_hit_rate"] for name, s in policies.items()}
+    assert hit["project"] > 1.2 * hit["round_robin"], hit

@@ -1,0 +1,141 @@
+"""Adapter placement: every adapter somewhere, hot ones on more pods, idle replicas dropped,
+and no change without a reason."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from xds_server.policy.adapters import AdapterPod, place_adapters
+
+ADAPTERS = ("a0", "a1", "a2", "a3", "a4", "a5")
+
+
+def pod(
+    *adapters: str, load: float = 10, waiting: bool = False, score: float = 1.0, slots: int = 2
+) -> AdapterPod:
+    """A pod running `adapters`; `waiting`: requests of each of them queue there."""
+    return AdapterPod(
+        slots=slots,
+        load=load,
+        waiting=waiting,
+        score=score,
+        adapters=frozenset(adapters),
+        running_adapters=frozenset(adapters),
+        queued_adapters=frozenset(adapters) if waiting else frozenset(),
+    )
+
+
+def test_a_hot_adapter_takes_the_coldest_slot_of_a_pod_without_waiting_requests() -> None:
+    pods = {
+        "x": pod("a0", "a1", load=60, waiting=True, score=0.2),
+        "p": pod("a2", "a3", load=20, score=0.9),
+        "q": pod("a4", "a5", load=8, score=1.0),
+    }
+    previous = {"x": ("a0", "a1"), "p": ("a2", "a3"), "q": ("a4", "a5")}
+    got = place_adapters(ADAPTERS, pods, previous)
+    # a0 and a1 (30 each) queue in x. a0 (first in configured order on equal demand) takes
+    # the coldest slot of the best-scoring pod (q's a4: 4 < 30); a4 had no other pod and
+    # waits for a slot on p. p is then beyond its slots: a1 waits for the next decision.
+    assert got == {"x": ("a0", "a1"), "p": ("a2", "a3", "a4"), "q": ("a0", "a5")}
+    calmer = {**pods, "p": pod("a2", "a3", load=20, score=0.9)}
+    # Next time, with q's replica of a0 running, a0 no longer queues everywhere; a1 does.
+    calmer["x"] = AdapterPod(**{**pods["x"].__dict__, "queued_adapters": frozenset({"a1"})})
+    again = place_adapters(ADAPTERS, calmer, {**got, "p": ("a2", "a3")})
+    assert again["p"] == ("a1", "a3") and "a2" in again["q"] + again["x"], again
+
+
+def test_an_adapter_waiting_for_a_slot_is_not_hot() -> None:
+    blocked = AdapterPod(
+        slots=2,
+        load=12,
+        waiting=True,
+        score=0.5,
+        adapters=frozenset({"a0", "a1", "a2"}),
+        running_adapters=frozenset({"a0", "a1"}),
+        queued_adapters=frozenset(),
+    )
+    pods = {"x": blocked, "p": pod("a3", "a4", load=2)}
+    previous = {"x": ("a0", "a1", "a2"), "p": ("a3", "a4")}
+    # a2 waits in x for a slot, not for room: replicating it (or x's others) would not help.
+    assert place_adapters(("a0", "a1", "a2", "a3", "a4"), pods, previous) == previous
+
+
+def test_a_hot_adapter_does_not_evict_a_warmer_one() -> None:
+    pods = {"x": pod("a0", load=10, waiting=True, slots=1), "p": pod("a1", "a2", load=60)}
+    previous = {"x": ("a0",), "p": ("a1", "a2")}
+    # No free slot, and a0 (10) is colder than p's coldest (30): nothing moves.
+    assert place_adapters(("a0", "a1", "a2"), pods, previous) == previous
+
+
+def test_an_idle_replica_is_dropped_from_its_busiest_pod() -> None:
+    pods = {
+        "x": pod("a0", "a1", load=40),
+        "p": pod("a1", "a2", load=40),
+        "q": pod("a3", load=40),
+    }
+    previous = {"x": ("a0", "a1"), "p": ("a1", "a2"), "q": ("a3",)}
+    # a1's estimated demand (20 + 20) is 20 per pod, above a quarter of the mean load.
+    assert place_adapters(("a0", "a1", "a2", "a3"), pods, previous) == previous
+    quiet = {**pods, "x": pod("a0", "a1", load=4), "p": pod("a1", "a2", load=2)}
+    got = place_adapters(("a0", "a1", "a2", "a3"), quiet, previous)
+    # Now 3 for 2 pods, under a quarter of the mean (15.3): x, the busier, lets it go.
+    assert got == {"x": ("a0",), "p": ("a1", "a2"), "q": ("a3",)}
+
+
+def test_with_no_free_slot_an_unplaced_adapter_takes_a_replica_nobody_waits_for() -> None:
+    pods = {"x": pod("a0", "a1"), "p": pod("a0", "a2")}
+    got = place_adapters(("a0", "a1", "a2", "a3"), pods, {})
+    # a0 is on both and neither waits: p (first on equal scores) gives it up for a3.
+    assert got == {"x": ("a0", "a1"), "p": ("a2", "a3")}
+    busy = {"x": pod("a0", "a1", waiting=True), "p": pod("a0", "a2")}
+    got = place_adapters(("a0", "a1", "a2", "a3"), busy, {})
+    # x waits: a0's replicas stay, and a3 waits beyond the slots of a pod.
+    assert sorted(a for held in got.values() for a in held) == ["a0", "a0", "a1", "a2", "a3"]
+
+
+def test_an_adapter_waiting_beyond_the_slots_moves_to_a_slot_that_frees() -> None:
+    pods = {"x": pod("a0", "a1", load=30), "p": pod("a2", load=5)}
+    previous = {"x": ("a0", "a1", "a3"), "p": ("a2", "a4")}
+    # a3 does not run in x (it waits for a slot there); p has none free: it stays...
+    assert place_adapters(("a0", "a1", "a2", "a3", "a4"), pods, previous) == previous
+    # ... until p drops a4 (gone from the config): then a3 takes the freed slot.
+    got = place_adapters(("a0", "a1", "a2", "a3"), pods, previous)
+    assert got == {"x": ("a0", "a1"), "p": ("a2", "a3")}
+
+
+pods_strategy = st.dictionaries(
+    st.sampled_from(["p0", "p1", "p2", "p3"]),
+    st.builds(
+        AdapterPod,
+        slots=st.integers(1, 3),
+        load=st.floats(0, 100),
+        waiting=st.booleans(),
+        score=st.floats(0.01, 1),
+        adapters=st.frozensets(st.sampled_from(ADAPTERS), max_size=4),
+        running_adapters=st.frozensets(st.sampled_from(ADAPTERS), max_size=3),
+        queued_adapters=st.frozensets(st.sampled_from(ADAPTERS), max_size=3),
+    ),
+    min_size=1,
+)
+
+
+@given(pods=pods_strategy)
+def test_every_adapter_is_advertised_and_a_placement_settles_while_nothing_changes(
+    pods: dict[str, AdapterPod],
+) -> None:
+    first = place_adapters(ADAPTERS, pods, {})
+    assert set(first) == set(pods)
+    assert {a for held in first.values() for a in held} == set(ADAPTERS)
+    calm = {k: AdapterPod(**{**p.__dict__, "waiting": False}) for k, p in pods.items()}
+    # Without waiting requests, idle replicas go one per decision and adapters move to the
+    # slots they free; then nothing moves (no oscillation).
+    placement = first
+    for _ in range(len(ADAPTERS) * len(pods)):
+        following = place_adapters(ADAPTERS, calm, placement)
+        assert {a for held in following.values() for a in held} == set(ADAPTERS)
+        if following == placement:
+            break
+        placement = following
+    else:
+        raise AssertionError(f"no settled placement from {first}")

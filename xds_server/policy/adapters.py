@@ -1,0 +1,224 @@
+"""LoRA adapter placement: which adapters each pod advertises (its Envoy subsets).
+
+A pod runs at most `slots` adapters at once (vLLM's `max_loras`); a request whose adapter
+finds the slots taken waits until every request of one of them has finished. So where an
+adapter is advertised decides where it loads, and an adapter advertised on a pod whose
+slots are in use waits there. The placement keeps three things true, and changes only
+when one of them breaks, since every change costs an adapter load and a burst of waits:
+
+1. Every adapter is advertised somewhere: on the pod with the most free slots (then the
+   best score); with no free slot anywhere, in place of an adapter that other pods
+   advertise too, none of them with requests waiting (its requests go there), else beyond
+   the slots of the least loaded pod (it loads there when one of that pod's adapters
+   drains). An adapter waiting beyond a pod's slots moves when a slot frees elsewhere.
+2. A hot adapter, one whose requests wait in every advertiser although it is loaded there
+   (the pods are full, not short of a slot) and whose demand per advertiser is at least a
+   pod's mean load (a burst on a warm adapter is not enough), gets one more pod: a free
+   slot, else the best-scoring pod without waiting requests and within its slots gives up
+   its coldest adapter if that is colder. If nobody else has that one, it waits for a
+   slot on the least loaded other such pod (none: no replica this time). One hot replica
+   per pod and decision, so that two hot adapters do not meet on one pod.
+3. A replica nobody needs any more, an adapter on several pods none of which has requests
+   waiting, whose demand per pod is below a quarter of a pod's mean load, is dropped
+   from its most loaded pod. (2 and 3 need opposite conditions: no flapping.)
+
+Each decision applies 1, then 3, then moves adapters waiting beyond a pod's slots to free
+slots, then 2.
+
+Demand is estimated from what pods report: vLLM's `lora_requests_info` names the adapters
+of the running and waiting requests but not their counts, so each pod's requests (running
+and waiting) are split evenly over its adapters. Crude per pod, it is right on average,
+and it only ranks adapters (hot before cold) and spots idle replicas.
+
+Pure: the previous placement comes in, the next goes out; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["AdapterPod", "place_adapters"]
+
+# A replica is idle when its adapter's demand per advertising pod is below this share of
+# the pods' mean load (rule 3).
+IDLE_REPLICA_SHARE = 0.25
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdapterPod:
+    """What placement needs of one in-rotation pod that reports its adapter slots."""
+
+    slots: int
+    # Requests running and waiting; whether some wait (the pod is full, or an adapter of
+    # its waits for a slot); the policy's score (higher: more room).
+    load: float
+    waiting: bool
+    score: float
+    # Adapters of its running and waiting requests, of the running ones, and those with
+    # requests waiting although they run (queued for room, not for a slot).
+    adapters: frozenset[str]
+    running_adapters: frozenset[str]
+    queued_adapters: frozenset[str]
+
+
+def place_adapters(
+    adapters: Sequence[str],
+    pods: Mapping[str, AdapterPod],
+    previous: Mapping[str, tuple[str, ...]],
+) -> dict[str, tuple[str, ...]]:
+    """The adapters each pod in `pods` advertises, from the `previous` placement (pods
+    without one start from what they run, and what waits in them if it fits their slots)."""
+    return _Placement(adapters, pods, previous).result()
+
+
+class _Placement:
+    """One placement decision (module docstring); `result()` applies the three rules."""
+
+    def __init__(
+        self,
+        adapters: Sequence[str],
+        pods: Mapping[str, AdapterPod],
+        previous: Mapping[str, tuple[str, ...]],
+    ) -> None:
+        self.adapters = tuple(adapters)
+        self.pods = pods
+        configured = set(adapters)
+        self.advertised: dict[str, set[str]] = {}
+        for key, pod in pods.items():
+            if key in previous:
+                start = set(previous[key])
+            elif len(pod.adapters) <= pod.slots:
+                start = set(pod.adapters)
+            else:
+                start = set(pod.running_adapters)
+            self.advertised[key] = start & configured
+        self.demand = dict.fromkeys(adapters, 0.0)
+        for pod in pods.values():
+            for adapter in pod.adapters & configured:
+                self.demand[adapter] += pod.load / len(pod.adapters)
+        self.mean_load = sum(p.load for p in pods.values()) / max(1, len(pods))
+        self.by_score = sorted(pods, key=lambda k: (-pods[k].score, k))
+        # Hottest first; configured order breaks ties (and orders a cold start).
+        self.by_demand = sorted(adapters, key=lambda a: -self.demand[a])
+        # Pods that took a hot adapter in this decision.
+        self.received: set[str] = set()
+
+    def result(self) -> dict[str, tuple[str, ...]]:
+        for adapter in self.by_demand:
+            if not self._holders(adapter):
+                self._place(adapter)
+        for adapter in self.by_demand:
+            self._drop_idle_replica(adapter)
+        self._move_to_free_slots()
+        for adapter in self.by_demand:
+            holders = self._holders(adapter)
+            if (
+                holders
+                and all(self._queued(k, adapter) for k in holders)
+                and self.demand[adapter] / len(holders) >= self.mean_load
+            ):
+                self._replicate(adapter)
+        return {key: tuple(sorted(held)) for key, held in self.advertised.items()}
+
+    def _queued(self, key: str, adapter: str) -> bool:
+        pod = self.pods[key]
+        return pod.waiting and adapter in pod.queued_adapters
+
+    def _holders(self, adapter: str) -> list[str]:
+        return [k for k in self.by_score if adapter in self.advertised[k]]
+
+    def _free_slot(self, adapter: str) -> str | None:
+        """The pod with the most free slots, then the best score, that lacks `adapter`."""
+        return min(
+            (
+                k
+                for k in self.by_score
+                if adapter not in self.advertised[k]
+                and len(self.advertised[k]) < self.pods[k].slots
+            ),
+            key=lambda k: len(self.advertised[k]) - self.pods[k].slots,
+            default=None,
+        )
+
+    def _place(self, adapter: str) -> None:
+        """Rule 1, for an adapter nobody advertises."""
+        target = self._free_slot(adapter)
+        if target is None:
+            target = self._spare_cold_replica()
+        if target is None:
+            target = min(self.pods, key=self._load_per_slot)
+        self.advertised[target].add(adapter)
+
+    def _move_to_free_slots(self) -> None:
+        """Rule 1 again, for adapters waiting beyond a pod's slots: a free slot elsewhere
+        takes one, not running there first, then the hottest."""
+        for key in self.by_score:
+            held = self.advertised[key]
+            running = self.pods[key].running_adapters
+            for adapter in sorted(held, key=lambda a: (a in running, -self.demand[a], a)):
+                if len(held) <= self.pods[key].slots:
+                    break
+                target = self._free_slot(adapter)
+                if target is not None:
+                    held.discard(adapter)
+                    self.advertised[target].add(adapter)
+
+    def _spare_cold_replica(self) -> str | None:
+        """The best-scoring pod that gives up an adapter other pods advertise too, where no
+        advertiser has requests waiting (a hot adapter's replica stays); the pod, or None."""
+        for key in self.by_score:
+            for other in sorted(self.advertised[key], key=lambda a: (self.demand[a], a)):
+                holders = self._holders(other)
+                if len(holders) > 1 and not any(self.pods[k].waiting for k in holders):
+                    self.advertised[key].discard(other)
+                    return key
+        return None
+
+    def _replicate(self, adapter: str) -> None:
+        """Rule 2, for an adapter whose every advertiser has requests waiting."""
+        target = self._free_slot(adapter)
+        if target is not None:
+            self.advertised[target].add(adapter)
+            self.received.add(target)
+            return
+        for key in self.by_score:
+            held = self.advertised[key]
+            if not self._calm(key) or adapter in held or not held:
+                continue
+            if len(held) > self.pods[key].slots:
+                continue  # it already waits for a slot of its own
+            coldest = min(held, key=lambda a: (self.demand[a], a))
+            if self.demand[coldest] >= self.demand[adapter]:
+                continue
+            home = None
+            if self._holders(coldest) == [key]:
+                homes = [k for k in self.by_score if k != key and self._calm(k)]
+                home = min(homes, key=self._load_per_slot, default=None)
+                if home is None:
+                    continue
+            held.discard(coldest)
+            held.add(adapter)
+            self.received.add(key)
+            if home is not None:
+                self.advertised[home].add(coldest)
+            return
+
+    def _calm(self, key: str) -> bool:
+        """No waiting requests, and no hot adapter taken in this decision."""
+        return not self.pods[key].waiting and key not in self.received
+
+    def _load_per_slot(self, key: str) -> tuple[float, str]:
+        return self.pods[key].load / self.pods[key].slots, key
+
+    def _drop_idle_replica(self, adapter: str) -> None:
+        """Rule 3."""
+        holders = self._holders(adapter)
+        if len(holders) < 2 or any(self.pods[k].waiting for k in holders):
+            return
+        if self._idle(adapter, len(holders)):
+            busiest = max(holders, key=lambda k: (self.pods[k].load, k))
+            self.advertised[busiest].discard(adapter)
+
+    def _idle(self, adapter: str, holders: int) -> bool:
+        return self.demand[adapter] / holders < IDLE_REPLICA_SHARE * self.mean_load
