@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -195,3 +197,48 @@ async def test_bias_zero_spaces_requests_round_robin_on_a_uniform_fleet(tmp_path
     # Sequential requests: round robin cycles through the pods in a fixed order.
     assert sorted(order[:3]) == ["pod-0", "pod-1", "pod-2"]
     assert order == order[:3] * 4
+
+
+async def test_lora_adapters_spread_from_a_cold_start_and_stay_put(tmp_path: Path) -> None:
+    """Two pods with one LoRA slot each and two adapters: the first pod to serve an adapter
+    must not be handed both (its single slot would make one wait behind the other); each
+    adapter settles on its own pod and its requests keep landing there."""
+    profile = dataclasses.replace(H100, max_loras=1)
+    specs = [PodSpec(name=f"pod-{i}", profile=profile, adapters=("a", "b")) for i in range(2)]
+    async with Fleet(specs, model="m") as fleet:
+        config = RoutingConfig.model_validate(
+            {
+                "listener": {"address": "127.0.0.1", "port": 0},
+                "updates": {"debounce_s": 0.02},
+                "balancing": {"scrape_interval_s": 0.05},
+                "pools": [
+                    {
+                        "name": "gpu",
+                        "models": ["m"],
+                        "adapters": ["a", "b"],
+                        "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in fleet.pods],
+                    }
+                ],
+            }
+        )
+        path = tmp_path / "config.yaml"
+        path.write_text(config.model_dump_json())
+        served: dict[str, list[str]] = {"a": [], "b": []}
+        async with (
+            run_local_gateway(path, config_poll_s=3600) as gateway,
+            aiohttp.ClientSession() as http,
+        ):
+            for i in range(40):
+                adapter = "ab"[i % 2]
+                body = {"model": adapter, "prompt": "hello there", "max_tokens": 2}
+                async with http.post(f"{gateway.url}/v1/completions", json=body) as response:
+                    assert response.status == 200, await response.text()
+                    served[adapter].append(response.headers[BACKEND_ID_HEADER])
+                await asyncio.sleep(0.03)  # a scrape now and then, as in real traffic
+        loads = sum(pod.state_snapshot().engine.adapter_loads for pod in fleet.pods)
+    # After the first few requests (the placement follows the first scrapes), each adapter
+    # has its pod, a different one, and the slots stop changing hands.
+    settled = {adapter: set(pods[10:]) for adapter, pods in served.items()}
+    assert all(len(pods) == 1 for pods in settled.values()), served
+    assert settled["a"] != settled["b"], served
+    assert loads <= 6, (loads, served)

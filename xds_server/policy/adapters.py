@@ -14,8 +14,8 @@ when one of them breaks, since every change costs an adapter load and a burst of
 2. A hot adapter, one whose requests wait in every advertiser although it is loaded there
    (the pods are full, not short of a slot) and whose demand per advertiser is at least a
    pod's mean load (a burst on a warm adapter is not enough), gets one more pod: a free
-   slot, else the best-scoring pod without waiting requests and within its slots gives up
-   its coldest adapter if that is colder. If nobody else has that one, it waits for a
+   slot, else, of the pods without waiting requests and within their slots, the one
+   with the coldest adapter gives it up if it is colder. If nobody else has that one, it waits for a
    slot on the least loaded other such pod (none: no replica this time). One hot replica
    per pod and decision, so that two hot adapters do not meet on one pod.
 3. A replica nobody needs any more, an adapter on several pods none of which has requests
@@ -182,13 +182,19 @@ class _Placement:
             self.advertised[target].add(adapter)
             self.received.add(target)
             return
-        for key in self.by_score:
+        candidates = [
+            key
+            for key in self.by_score
+            if self._calm(key)
+            and adapter not in self.advertised[key]
+            # Not a pod that already waits for a slot of its own.
+            and 0 < len(self.advertised[key]) <= self.pods[key].slots
+        ]
+        # The pod holding the coldest adapter: what it gives up may end up waiting for a
+        # slot, and the coldest adapter's requests are the fewest to wait.
+        for key in sorted(candidates, key=lambda k: self.demand[self._coldest(k)]):
             held = self.advertised[key]
-            if not self._calm(key) or adapter in held or not held:
-                continue
-            if len(held) > self.pods[key].slots:
-                continue  # it already waits for a slot of its own
-            coldest = min(held, key=lambda a: (self.demand[a], a))
+            coldest = self._coldest(key)
             if self.demand[coldest] >= self.demand[adapter]:
                 continue
             home = None
@@ -203,6 +209,9 @@ class _Placement:
             if home is not None:
                 self.advertised[home].add(coldest)
             return
+
+    def _coldest(self, key: str) -> str:
+        return min(self.advertised[key], key=lambda a: (self.demand[a], a))
 
     def _calm(self, key: str) -> bool:
         """No waiting requests, and no hot adapter taken in this decision."""
