@@ -35,6 +35,10 @@ def _statuses(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in errors.items()) or "none"
 
 
+def _rate(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
 def markdown_table(results: Mapping[str, Any]) -> str:
     """One table per scenario: a row per policy, then gap closure for P95/P99 TTFT."""
     lines: list[str] = []
@@ -63,6 +67,22 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             value = gap_closure(policies, key)
             closures.append(f"{label} TTFT {'–' if value is None else f'{100 * value:.0f}%'}")
         lines += ["", "Gap closure (RR − project) / (RR − oracle): " + ", ".join(closures), ""]
+        warmup = next((s["warmup_s"] for s in policies.values() if "warmup_s" in s), None)
+        if warmup:
+            lines += [
+                f"Requests arriving after {warmup:g} s of warm-up (whole-run figures in"
+                " results.json, `whole_run`). Prefix-cache hit rate, adapter loads, adapter"
+                " hits: "
+                + "; ".join(
+                    f"{p} {_rate(policies[p].get('prefix_cache_hit_rate'))},"
+                    f" {policies[p].get('adapter_loads', 0)},"
+                    f" {_rate(policies[p].get('adapter_hit_fraction'))}"
+                    for p in POLICY_ORDER
+                    if p in policies
+                )
+                + ".",
+                "",
+            ]
     reaction = results.get("reaction")
     if reaction:
         lines.append(

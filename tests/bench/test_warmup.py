@@ -29,3 +29,4 @@ def test_scenario_c_runs_three_times_as_long_and_counts_from_the_end_of_its_warm
     # Hashing on the group's key keeps each prefix where it is cached; round robin does not.
     hit = {name: s["prefix_cache_hit_rate"] for name, s in policies.items()}
     assert hit["project"] > 1.2 * hit["round_robin"], hit
+    assert "Requests arriving after 3 s of warm-up" in (tmp_path / "results.md").read_text()
