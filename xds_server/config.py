@@ -206,8 +206,7 @@ class BalancingConfig(_Strict):
     # Smoothing of scores between scrapes (1 = no smoothing) and the bounded load factor
     # of session affinity, in percent: a pod over this multiple of the mean in-flight load
     # passes a key on to the next pod. High by default: a key that moves loses its prefix
-    # cache, and the next request pays a whole prefill (scenario c in steady state: P99
-    # 0.17 s at 300, 0.53 s at 200 and 0.51 s at 150, where every spill was a miss).
+    # cache, and its next request pays a whole prefill (README, scenario c).
     smoothing: Annotated[float, Field(gt=0, le=1)] = 0.5
     hash_balance_factor: Annotated[int, Field(ge=100, le=1000)] = 300
     # How much Envoy's own in-flight count corrects the weights in GPU-aware pools: above 0,

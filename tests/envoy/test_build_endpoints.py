@@ -190,6 +190,9 @@ def test_a_weight_below_one_is_refused(affinity_config: RoutingConfig) -> None:
     zero = EndpointState(address="10.0.0.1", port=8000, weight=0)
     with pytest.raises(ValueError, match="weight 0"):
         build_endpoints(affinity_config, _state("llm", zero))
+    no_ring = EndpointState(address="10.0.0.1", port=8000, weight=5, ring_weight=0)
+    with pytest.raises(ValueError, match="weight 0"):
+        build_endpoints(affinity_config, _state("llm", no_ring))
 
 
 def test_a_draining_config_endpoint_is_draining(affinity_config: RoutingConfig) -> None:

@@ -64,13 +64,12 @@ def build_endpoints(config: RoutingConfig, state: DesiredState | None = None) ->
     assignments = []
     for pool in config.pools:
         pool_state = decided.get(pool.name)
-        rings = (False, True) if pool.session_affinity else (False,)
-        for ring in rings:
+        checked = _checked(pool.name, pool_state.endpoints) if pool_state is not None else []
+        for ring in (False, True) if pool.session_affinity else (False,):
             if pool_state is None:
                 lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
             else:
-                endpoints = _checked(pool.name, pool_state.endpoints)
-                lb_endpoints = [_from_state(pool, e, ring=ring) for e in endpoints]
+                lb_endpoints = [_from_state(pool, e, ring=ring) for e in checked]
             assignments.append(
                 endpoint_pb2.ClusterLoadAssignment(
                     cluster_name=names.session_eds_service_name(pool.name)
@@ -92,10 +91,12 @@ def _checked(pool: str, endpoints: Iterable[EndpointState]) -> list[EndpointStat
         if (before.address, before.port) == (after.address, after.port):
             raise ValueError(f"pool {pool!r}: endpoint {after.address}:{after.port} listed twice")
     for endpoint in ordered:
-        if endpoint.weight < 1:
+        ring = endpoint.ring_weight if endpoint.ring_weight is not None else endpoint.weight
+        weight = min(endpoint.weight, ring)
+        if weight < 1:
             raise ValueError(
                 f"pool {pool!r}: endpoint {endpoint.address}:{endpoint.port} has weight"
-                f" {endpoint.weight}; EDS weights start at 1"
+                f" {weight}; EDS weights start at 1"
             )
     return ordered
 

@@ -80,8 +80,8 @@ class PodSignals:
     kv_usage: float | None = None
     kv_capacity_tokens: int | None = None
     # LoRA adapters of the pod's running and waiting requests; of those, the running ones
-    # and the waiting ones (None: not told apart, all count as both) and its adapter slots (vLLM's
-    # max_lora; None: unknown, and the pod's adapters are taken as they are).
+    # and the waiting ones (None: not told apart, all count as both); its adapter slots
+    # (vLLM's max_lora; None: not reported yet, see _place_adapters).
     adapters: tuple[str, ...] = ()
     running_adapters: tuple[str, ...] | None = None
     waiting_adapters: tuple[str, ...] | None = None
@@ -93,7 +93,7 @@ class PodSignals:
 class ScoredPool:
     state: PoolState
     # Smoothed scores by endpoint id, to pass back as `memory` next time, and the adapter
-    # placement (pods that report slots), to pass back as `placement`.
+    # placement (adapters.py; empty without adapters), to pass back as `placement`.
     memory: Mapping[str, float]
     placement: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
