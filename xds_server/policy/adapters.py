@@ -47,7 +47,8 @@ IDLE_REPLICA_SHARE = 0.25
 
 @dataclass(frozen=True, kw_only=True)
 class AdapterPod:
-    """What placement needs of one in-rotation pod that reports its adapter slots."""
+    """What placement needs of one in-rotation pod; `slots` as it reports them, or as its
+    pool's other pods do while it has not yet (scoring.py)."""
 
     slots: int
     # Requests running and waiting; whether some wait (the pod is full, or an adapter of
@@ -81,7 +82,6 @@ class _Placement:
         pods: Mapping[str, AdapterPod],
         previous: Mapping[str, tuple[str, ...]],
     ) -> None:
-        self.adapters = tuple(adapters)
         self.pods = pods
         configured = set(adapters)
         self.advertised: dict[str, set[str]] = {}
@@ -225,9 +225,6 @@ class _Placement:
         holders = self._holders(adapter)
         if len(holders) < 2 or any(self.pods[k].waiting for k in holders):
             return
-        if self._idle(adapter, len(holders)):
+        if self.demand[adapter] / len(holders) < IDLE_REPLICA_SHARE * self.mean_load:
             busiest = max(holders, key=lambda k: (self.pods[k].load, k))
             self.advertised[busiest].discard(adapter)
-
-    def _idle(self, adapter: str, holders: int) -> bool:
-        return self.demand[adapter] / holders < IDLE_REPLICA_SHARE * self.mean_load
