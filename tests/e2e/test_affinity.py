@@ -52,14 +52,18 @@ class Stack:
         self,
         health: Sequence[Health] = (Health.HEALTHY,) * 4,
         adapters: Sequence[tuple[str, ...]] = ((),) * 4,
+        weights: Sequence[int] = (100,) * 4,
+        ring_weights: Sequence[int | None] = (None,) * 4,
     ) -> None:
-        """Give both pools these endpoint states (backend i: health[i], adapters[i]) and
-        wait until Envoy has ACKed them and shows them in /clusters."""
+        """Give both pools these endpoint states (backend i: health[i], adapters[i],
+        weights[i], ring_weights[i]) and wait until Envoy has ACKed them and shows them in
+        /clusters."""
         endpoints = tuple(
             EndpointState(
                 address=backend.host,
                 port=backend.port,
-                weight=100,
+                weight=weights[i],
+                ring_weight=ring_weights[i],
                 health=health[i],
                 adapters=adapters[i],
             )
@@ -278,6 +282,28 @@ async def test_a_session_key_sticks_to_one_backend(stack: Stack) -> None:
         before["cluster.llm/session.upstream_rq_total"] + hashed
     )
     assert after["cluster.llm.upstream_rq_total"] == before["cluster.llm.upstream_rq_total"] + 1
+
+
+async def test_session_keys_follow_the_ring_weights_not_the_load_weights(stack: Stack) -> None:
+    keys = [f"conversation-{i}" for i in range(12)]
+
+    async def homes() -> dict[str, str]:
+        got = {}
+        for key in keys:
+            served = await stack.sequential("base", 2, headers={names.SESSION_HEADER: key})
+            assert len(served) == 1, (key, served)
+            got[key] = next(iter(served))
+        return got
+
+    await stack.set_state(ring_weights=(100,) * 4)
+    home = await homes()
+    assert len(set(home.values())) >= 2, home
+    # The load weights swing to one backend; the ring keeps its weights: no key moves.
+    await stack.set_state(weights=(100_000, 1, 1, 1), ring_weights=(100,) * 4)
+    assert await homes() == home
+    # Without ring weights the ring takes the load weights, and keys go with them.
+    await stack.set_state(weights=(100_000, 1, 1, 1))
+    assert set((await homes()).values()) == {"b0"}
 
 
 async def test_a_hot_session_overflows_within_the_bounded_load(stack: Stack) -> None:
