@@ -174,7 +174,7 @@ class Controller:
     every scrape interval, so a pod whose metrics stop arriving goes stale on time.
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory
-    (smoothed scores and adapter placement per pool), the last desired state, the last
+    (smoothed scores, adapter placement and activity per pool), the last desired state, the last
     error and the events that wake `run`. `submit`, `reject` and `metrics_changed` are
     synchronous; `run` is the only task that builds.
     """
@@ -201,6 +201,7 @@ class Controller:
         self._settled = asyncio.Event()
         self._memory: dict[str, Mapping[str, float]] = {}
         self._placement: dict[str, Mapping[str, tuple[str, ...]]] = {}
+        self._adapter_activity: dict[str, Mapping[str, float]] = {}
         self._built: tuple[RoutingConfig, DesiredState] | None = None
         self.last_error: str | None = None
         self.snapshot: Snapshot | None = None
@@ -288,10 +289,12 @@ class Controller:
                 signals=signals,
                 memory=self._memory.get(pool.name, {}),
                 placement=self._placement.get(pool.name, {}),
+                adapter_activity=self._adapter_activity.get(pool.name, {}),
                 draining={endpoint_id(e) for e in pool.endpoints if e.draining},
             )
             self._memory[pool.name] = scored.memory
             self._placement[pool.name] = scored.placement
+            self._adapter_activity[pool.name] = scored.adapter_activity
             pools[pool.name] = scored.state
         if not config.flow_control.enabled or self._load is None:
             return DesiredState(pools=pools)

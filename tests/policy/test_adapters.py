@@ -68,6 +68,20 @@ def test_a_hot_adapter_does_not_evict_a_warmer_one() -> None:
     assert place_adapters(("a0", "a1", "a2"), pods, previous) == previous
 
 
+def test_of_two_adapters_alone_on_a_pod_the_less_active_one_gives_up_its_slot() -> None:
+    pods = {
+        "x": pod("a0", "a1", load=60, waiting=True, score=0.2),
+        "q": pod("a4", "a5", load=8, score=1.0),
+        "p": pod("a2", "a3", load=20, score=0.9),
+    }
+    previous = {"x": ("a0", "a1"), "q": ("a4", "a5"), "p": ("a2", "a3")}
+    # a4 and a5 tie on estimated demand (q's 8 split in two): a4 goes first by name...
+    assert place_adapters(ADAPTERS, pods, previous)["q"] == ("a0", "a5")
+    # ... unless a5 has run less often lately: its requests are the fewest to wait.
+    got = place_adapters(ADAPTERS, pods, previous, {"a4": 0.9, "a5": 0.3})
+    assert got["q"] == ("a0", "a4") and "a5" in got["p"], got
+
+
 def test_an_idle_replica_is_dropped_from_its_busiest_pod() -> None:
     pods = {
         "x": pod("a0", "a1", load=40),

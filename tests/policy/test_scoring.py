@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 
 from xds_server.config import BalancingConfig, PoolConfig
@@ -233,3 +235,21 @@ def test_a_session_pool_rings_on_capacity_while_load_moves_the_weights() -> None
     assert (a.ring_weight, b.ring_weight) == (MAX_WEIGHT, round(MAX_WEIGHT / 1.15**20))
     plain = score_pool(POOL, settings=SETTINGS, signals={A: signals(), B: signals()}, memory={})
     assert all(e.ring_weight is None for e in plain.state.endpoints)
+
+
+def test_an_adapter_running_somewhere_grows_active_and_one_running_nowhere_fades() -> None:
+    pool_signals = {
+        A: signals(adapters=("a",), running_adapters=("a",), max_adapters=2),
+        B: signals(adapters=("b",), running_adapters=(), max_adapters=2),
+    }
+    activity: Mapping[str, float] = {"b": 0.5}
+    for _ in range(3):
+        activity = score_pool(
+            LORA_POOL,
+            settings=SETTINGS,
+            signals=pool_signals,
+            memory={},
+            adapter_activity=activity,
+        ).adapter_activity
+    # a runs in A: up from 0; b only waits in B: down from 0.5; c runs nowhere: stays 0.
+    assert 0 < activity["a"] < 1 and 0 < activity["b"] < 0.5 and activity["c"] == 0

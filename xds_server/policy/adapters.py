@@ -28,7 +28,10 @@ slots, then 2.
 Demand is estimated from what pods report: vLLM's `lora_requests_info` names the adapters
 of the running and waiting requests but not their counts, so each pod's requests (running
 and waiting) are split evenly over its adapters. Crude per pod, it is right on average,
-and it only ranks adapters (hot before cold) and spots idle replicas.
+and it only ranks adapters (hot before cold) and spots idle replicas. Two adapters alone
+on one pod always tie on it, so ties go to the less active one (`activity`, the share of
+recent decisions in which some pod ran it; scoring.py keeps it): a pod giving up an
+adapter gives up the one that runs least often, whose requests are the fewest to wait.
 
 Pure: the previous placement comes in, the next goes out; no clock, no I/O.
 """
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 __all__ = ["AdapterPod", "place_adapters"]
 
@@ -67,10 +71,12 @@ def place_adapters(
     adapters: Sequence[str],
     pods: Mapping[str, AdapterPod],
     previous: Mapping[str, tuple[str, ...]],
+    activity: Mapping[str, float] = MappingProxyType({}),
 ) -> dict[str, tuple[str, ...]]:
     """The adapters each pod in `pods` advertises, from the `previous` placement (pods
-    without one start from what they run, and what waits in them if it fits their slots)."""
-    return _Placement(adapters, pods, previous).result()
+    without one start from what they run, and what waits in them if it fits their slots);
+    `activity` (0 to 1, absent: 0) breaks ties in estimated demand."""
+    return _Placement(adapters, pods, previous, activity).result()
 
 
 class _Placement:
@@ -81,6 +87,7 @@ class _Placement:
         adapters: Sequence[str],
         pods: Mapping[str, AdapterPod],
         previous: Mapping[str, tuple[str, ...]],
+        activity: Mapping[str, float],
     ) -> None:
         self.pods = pods
         configured = set(adapters)
@@ -97,10 +104,11 @@ class _Placement:
         for pod in pods.values():
             for adapter in pod.adapters & configured:
                 self.demand[adapter] += pod.load / len(pod.adapters)
+        self.activity = activity
         self.mean_load = sum(p.load for p in pods.values()) / max(1, len(pods))
         self.by_score = sorted(pods, key=lambda k: (-pods[k].score, k))
-        # Hottest first; configured order breaks ties (and orders a cold start).
-        self.by_demand = sorted(adapters, key=lambda a: -self.demand[a])
+        # Hottest first; activity, then configured order break ties (and order a cold start).
+        self.by_demand = sorted(adapters, key=lambda a: self._coldness(a), reverse=True)
         # Pods that took a hot adapter in this decision.
         self.received: set[str] = set()
 
@@ -168,7 +176,7 @@ class _Placement:
         """The best-scoring pod that gives up an adapter other pods advertise too, where no
         advertiser has requests waiting (a hot adapter's replica stays); the pod, or None."""
         for key in self.by_score:
-            for other in sorted(self.advertised[key], key=lambda a: (self.demand[a], a)):
+            for other in sorted(self.advertised[key], key=lambda a: (self._coldness(a), a)):
                 holders = self._holders(other)
                 if len(holders) > 1 and not any(self.pods[k].waiting for k in holders):
                     self.advertised[key].discard(other)
@@ -211,7 +219,11 @@ class _Placement:
             return
 
     def _coldest(self, key: str) -> str:
-        return min(self.advertised[key], key=lambda a: (self.demand[a], a))
+        return min(self.advertised[key], key=lambda a: (self._coldness(a), a))
+
+    def _coldness(self, adapter: str) -> tuple[float, float]:
+        """Estimated demand, then activity: lower is colder."""
+        return self.demand[adapter], self.activity.get(adapter, 0.0)
 
     def _calm(self, key: str) -> bool:
         """No waiting requests, and no hot adapter taken in this decision."""

@@ -68,6 +68,10 @@ _KV_FLOOR = 0.05
 _LADDER = 1.15
 # The batch a pod of the largest capacity is assumed to run, for the running scorer.
 _REFERENCE_SLOTS = 32.0
+# An adapter's activity moves this share of the way towards 1 (some pod runs it) or 0 at
+# each decision: it remembers about the last 20 (a few seconds: the controller re-scores
+# at least every scrape interval).
+_ACTIVITY_SMOOTHING = 0.05
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,10 +96,12 @@ class PodSignals:
 @dataclass(frozen=True, kw_only=True)
 class ScoredPool:
     state: PoolState
-    # Smoothed scores by endpoint id, to pass back as `memory` next time, and the adapter
-    # placement (adapters.py; empty without adapters), to pass back as `placement`.
+    # Smoothed scores by endpoint id, to pass back as `memory` next time; the adapter
+    # placement (adapters.py; empty without adapters), to pass back as `placement`, and
+    # each adapter's activity, to pass back as `adapter_activity`.
     memory: Mapping[str, float]
     placement: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    adapter_activity: Mapping[str, float] = field(default_factory=dict)
 
 
 def endpoint_id(endpoint: EndpointConfig) -> str:
@@ -152,11 +158,12 @@ def score_pool(
     memory: Mapping[str, float],
     draining: Set[str] = frozenset(),
     placement: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
+    adapter_activity: Mapping[str, float] = MappingProxyType({}),
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
-    `memory` and `placement` are the previous call's (empty at first); `draining` lists
-    endpoints being shut down. Pure: the same inputs give the same output.
+    `memory`, `placement` and `adapter_activity` are the previous call's (empty at first);
+    `draining` lists endpoints being shut down. Pure: the same inputs give the same output.
     """
     capacities = _capacities(pool.endpoints, signals, settings)
     fresh = {
@@ -188,8 +195,13 @@ def score_pool(
         if endpoint_id(e) not in draining
         and (endpoint_id(e) in fresh or (all_stale and settings.all_stale == "fail_open"))
     ]
+    activity = (
+        _adapter_activity(pool.adapters, healthy, signals, adapter_activity)
+        if pool.adapters
+        else {}
+    )
     placed = (
-        _place_adapters(pool.adapters, healthy, signals, scores, placement, settings)
+        _place_adapters(pool.adapters, healthy, signals, scores, placement, activity, settings)
         if pool.adapters
         else {}
     )
@@ -223,8 +235,30 @@ def score_pool(
             )
         )
     return ScoredPool(
-        state=PoolState(name=pool.name, endpoints=tuple(states)), memory=scores, placement=placed
+        state=PoolState(name=pool.name, endpoints=tuple(states)),
+        memory=scores,
+        placement=placed,
+        adapter_activity=activity,
     )
+
+
+def _adapter_activity(
+    adapters: tuple[str, ...],
+    healthy: list[str],
+    signals: Mapping[str, PodSignals],
+    previous: Mapping[str, float],
+) -> dict[str, float]:
+    """Each adapter's activity (adapters.py): a step towards 1 if a healthy pod runs it
+    now, towards 0 if none does."""
+    running: set[str] = set()
+    for key in healthy:
+        if (s := signals.get(key)) is not None:
+            running.update(s.running_adapters if s.running_adapters is not None else s.adapters)
+    return {
+        adapter: (old := previous.get(adapter, 0.0))
+        + _ACTIVITY_SMOOTHING * ((adapter in running) - old)
+        for adapter in adapters
+    }
 
 
 def _place_adapters(
@@ -233,6 +267,7 @@ def _place_adapters(
     signals: Mapping[str, PodSignals],
     scores: Mapping[str, float],
     previous: Mapping[str, tuple[str, ...]],
+    activity: Mapping[str, float],
     settings: BalancingConfig,
 ) -> dict[str, tuple[str, ...]]:
     """Adapter placement (adapters.py) over the healthy pods.
@@ -263,4 +298,4 @@ def _place_adapters(
         if (s := signals.get(key)) is not None
         for running in [set(s.running_adapters if s.running_adapters is not None else s.adapters)]
     }
-    return place_adapters(adapters, pods, previous)
+    return place_adapters(adapters, pods, previous, activity)
