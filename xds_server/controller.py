@@ -174,9 +174,9 @@ class Controller:
     every scrape interval, so a pod whose metrics stop arriving goes stale on time.
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory
-    (smoothed scores, adapter placement and activity per pool), the last desired state, the last
-    error and the events that wake `run`. `submit`, `reject` and `metrics_changed` are
-    synchronous; `run` is the only task that builds.
+    (smoothed scores, adapter placement and activity per pool), the last desired state,
+    the last error and the events that wake `run`. `submit`, `reject` and
+    `metrics_changed` are synchronous; `run` is the only task that builds.
     """
 
     def __init__(
