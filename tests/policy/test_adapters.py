@@ -75,11 +75,29 @@ def test_of_two_adapters_alone_on_a_pod_the_less_active_one_gives_up_its_slot() 
         "p": pod("a2", "a3", load=20, score=0.9),
     }
     previous = {"x": ("a0", "a1"), "q": ("a4", "a5"), "p": ("a2", "a3")}
-    # a4 and a5 tie on estimated demand (q's 8 split in two): a4 goes first by name...
+    # Without history a4 and a5 split q's 8 requests evenly: a4 goes first by name...
     assert place_adapters(ADAPTERS, pods, previous)["q"] == ("a0", "a5")
-    # ... unless a5 has run less often lately: its requests are the fewest to wait.
+    # ... but a5 has run less often lately: it has the smaller share, the fewest to wait.
     got = place_adapters(ADAPTERS, pods, previous, {"a4": 0.9, "a5": 0.3})
     assert got["q"] == ("a0", "a4") and "a5" in got["p"], got
+
+
+def test_a_cold_adapter_sharing_a_pod_with_a_hot_one_is_not_taken_for_hot() -> None:
+    pods = {
+        "x": pod("a0", "a1", load=60, waiting=True),
+        "p": pod("a2", load=10),
+        "q": pod("a3", load=10),
+    }
+    previous = {"x": ("a0", "a1"), "p": ("a2",), "q": ("a3",)}
+    adapters = ("a0", "a1", "a2", "a3")
+    # Without history x's 60 requests split evenly: both look hot (30 each, above the mean
+    # load of 26.7) and each takes a free slot.
+    even = place_adapters(adapters, pods, previous)
+    assert even == {"x": ("a0", "a1"), "p": ("a0", "a2"), "q": ("a1", "a3")}
+    # a0 runs nearly always and a1 seldom: a1's share is small, and only a0 spreads.
+    got = place_adapters(adapters, pods, previous, {"a0": 0.95, "a1": 0.2})
+    assert sorted(k for k, held in got.items() if "a1" in held) == ["x"], got
+    assert sorted(k for k, held in got.items() if "a0" in held) == ["p", "x"], got
 
 
 def test_an_idle_replica_is_dropped_from_its_busiest_pod() -> None:

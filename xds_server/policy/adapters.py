@@ -25,19 +25,23 @@ when one of them breaks, since every change costs an adapter load and a burst of
 Each decision applies 1, then 3, then moves adapters waiting beyond a pod's slots to free
 slots, then 2.
 
-Demand is estimated from what pods report: vLLM's `lora_requests_info` names the adapters
-of the running and waiting requests but not their counts, so each pod's requests (running
-and waiting) are split evenly over its adapters. Crude per pod, it is right on average,
-and it only ranks adapters (hot before cold) and spots idle replicas. Two adapters alone
-on one pod always tie on it, so ties go to the less active one (`activity`, the share of
-recent decisions in which some pod ran it; scoring.py keeps it): a pod giving up an
-adapter gives up the one that runs least often, whose requests are the fewest to wait.
+Demand is estimated from what pods report. vLLM's `lora_requests_info` names the
+adapters of the running and waiting requests but not their counts, so each pod's requests
+(running and waiting) are split over its adapters by their rates, as seen over time: an
+adapter's `activity` is the share of recent decisions in which some pod ran it
+(scoring.py keeps it), and with requests arriving at random, a share f of time busy
+means about -ln(1 - f) requests running on average. Split evenly instead, a cold adapter
+sharing a pod with the hottest looked hot, got a replica and took the slot of a warmer
+one; and two adapters alone on a pod always tied, so a pod gave up the first by name. The
+estimate only ranks adapters (hot before cold) and spots idle replicas; with no history
+(a cold start) the split is even.
 
 Pure: the previous placement comes in, the next goes out; no clock, no I/O.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -47,6 +51,12 @@ __all__ = ["AdapterPod", "place_adapters"]
 # A replica is idle when its adapter's demand per advertising pod is below this share of
 # the pods' mean load (rule 3).
 IDLE_REPLICA_SHARE = 0.25
+# Activity above this tells little more (the adapter runs nearly all the time), and the
+# rate estimate from it would diverge at 1.
+MAX_ACTIVITY = 0.95
+# The rate of an adapter never seen running: adapters without history share a pod's load
+# evenly, as at a cold start.
+_RATE_FLOOR = 0.01
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,11 +110,13 @@ class _Placement:
             else:
                 start = set(pod.running_adapters)
             self.advertised[key] = start & configured
+        self.activity = activity
         self.demand = dict.fromkeys(adapters, 0.0)
         for pod in pods.values():
+            rates = {a: self._rate(a) for a in pod.adapters}
+            total = sum(rates.values())
             for adapter in pod.adapters & configured:
-                self.demand[adapter] += pod.load / len(pod.adapters)
-        self.activity = activity
+                self.demand[adapter] += pod.load * rates[adapter] / total
         self.mean_load = sum(p.load for p in pods.values()) / max(1, len(pods))
         self.by_score = sorted(pods, key=lambda k: (-pods[k].score, k))
         # Hottest first; activity, then configured order break ties (and order a cold start).
@@ -220,6 +232,11 @@ class _Placement:
 
     def _coldest(self, key: str) -> str:
         return min(self.advertised[key], key=lambda a: (self._coldness(a), a))
+
+    def _rate(self, adapter: str) -> float:
+        """The adapter's relative arrival rate, from its activity (module docstring)."""
+        busy = min(self.activity.get(adapter, 0.0), MAX_ACTIVITY)
+        return _RATE_FLOOR - math.log(1 - busy)
 
     def _coldness(self, adapter: str) -> tuple[float, float]:
         """Estimated demand, then activity: lower is colder."""
