@@ -141,10 +141,22 @@ async def _apply(gateway: LocalGateway, config: RoutingConfig) -> None:
 
 
 async def _acked(gateway: LocalGateway, snapshot: Snapshot | None) -> None:
+    """Wait until Envoy has ACKed `snapshot`, or the one that replaced it: the policy
+    re-scores every scrape interval, and Envoy may never ACK a version already replaced."""
     assert snapshot is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
     for resource_type in ResourceType:
-        version = snapshot.versions[resource_type]
-        await asyncio.wait_for(gateway.app.registry.wait_for_ack(resource_type.short, version), 10)
+        while True:
+            version = (gateway.app.controller.snapshot or snapshot).versions[resource_type]
+            try:
+                await asyncio.wait_for(
+                    gateway.app.registry.wait_for_ack(resource_type.short, version), 0.5
+                )
+                break
+            except TimeoutError:
+                if loop.time() > deadline:
+                    raise
 
 
 @contextlib.asynccontextmanager
