@@ -26,13 +26,17 @@ def pod(
     )
 
 
+# x is full and queues its two adapters; p and q are calm, q the calmer.
+CROWDED = {
+    "x": pod("a0", "a1", load=60, waiting=True, score=0.2),
+    "p": pod("a2", "a3", load=20, score=0.9),
+    "q": pod("a4", "a5", load=8, score=1.0),
+}
+CROWDED_PLACEMENT = {"x": ("a0", "a1"), "p": ("a2", "a3"), "q": ("a4", "a5")}
+
+
 def test_a_hot_adapter_takes_the_coldest_slot_of_a_pod_without_waiting_requests() -> None:
-    pods = {
-        "x": pod("a0", "a1", load=60, waiting=True, score=0.2),
-        "p": pod("a2", "a3", load=20, score=0.9),
-        "q": pod("a4", "a5", load=8, score=1.0),
-    }
-    previous = {"x": ("a0", "a1"), "p": ("a2", "a3"), "q": ("a4", "a5")}
+    pods, previous = CROWDED, CROWDED_PLACEMENT
     got = place_adapters(ADAPTERS, pods, previous)
     # a0 and a1 (30 each) queue in x. a0 (first in configured order on equal demand) takes
     # the coldest slot of the best-scoring pod (q's a4: 4 < 30); a4 had no other pod and
@@ -69,16 +73,10 @@ def test_a_hot_adapter_does_not_evict_a_warmer_one() -> None:
 
 
 def test_of_two_adapters_alone_on_a_pod_the_less_active_one_gives_up_its_slot() -> None:
-    pods = {
-        "x": pod("a0", "a1", load=60, waiting=True, score=0.2),
-        "q": pod("a4", "a5", load=8, score=1.0),
-        "p": pod("a2", "a3", load=20, score=0.9),
-    }
-    previous = {"x": ("a0", "a1"), "q": ("a4", "a5"), "p": ("a2", "a3")}
     # Without history a4 and a5 split q's 8 requests evenly: a4 goes first by name...
-    assert place_adapters(ADAPTERS, pods, previous)["q"] == ("a0", "a5")
+    assert place_adapters(ADAPTERS, CROWDED, CROWDED_PLACEMENT)["q"] == ("a0", "a5")
     # ... but a5 has run less often lately: it has the smaller share, the fewest to wait.
-    got = place_adapters(ADAPTERS, pods, previous, {"a4": 0.9, "a5": 0.3})
+    got = place_adapters(ADAPTERS, CROWDED, CROWDED_PLACEMENT, {"a4": 0.9, "a5": 0.3})
     assert got["q"] == ("a0", "a4") and "a5" in got["p"], got
 
 
