@@ -57,7 +57,7 @@ async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
         status, body = await get("/debug/snapshot")
         groups = body["groups"]  # type: ignore[index]
         assert groups["(default)"]["cds"]["version"] == cds.version_info
-        assert list(groups["(default)"]["cds"]["resources"]) == ["pool"]
+        assert list(groups["(default)"]["cds"]["resources"]) == ["pool", "pool/long"]
 
         async with http.get(base + "/metrics") as response:
             assert response.status == 200

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from xds_server.config import parse_config
-from xds_server.controller import Controller, SnapshotBuilder
+from xds_server.controller import Controller, SnapshotBuilder, band_clusters, long_prompt_clusters
 from xds_server.errors import ConfigError
 from xds_server.policy.admission import BandLoad
+from xds_server.policy.scoring import MAX_WEIGHT, PodSignals
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.resources import ResourceType
@@ -98,6 +99,8 @@ class FakeLoad:
         self.in_flight = in_flight
         self.count = envoys
         self.rate = rate
+        # Per cluster: requests in flight per endpoint id.
+        self.by_endpoint: dict[str, dict[str, int]] = {}
 
     def band_load(self, clusters):  # type: ignore[no-untyped-def]
         return BandLoad(
@@ -107,6 +110,13 @@ class FakeLoad:
 
     def envoys(self) -> int:
         return self.count
+
+    def in_flight_by_endpoint(self, clusters):  # type: ignore[no-untyped-def]
+        total: dict[str, int] = {}
+        for cluster in clusters:
+            for key, count in self.by_endpoint.get(cluster, {}).items():
+                total[key] = total.get(key, 0) + count
+        return total
 
 
 FLOW = """
@@ -154,3 +164,80 @@ async def test_flow_control_sets_band_limits_over_rtds_and_retry_after_over_rds(
             assert second.versions[kept] == first.versions[kept]
     finally:
         task.cancel()
+
+
+LONG_PROMPTS = """
+updates: {debounce_s: 0.5, max_delay_s: 1.0}
+balancing: {scrape_interval_s: 60, smoothing: 1}
+pools:
+  - name: pool
+    models: [m]
+    endpoints: [{address: 10.0.0.1, port: 8000}, {address: 10.0.0.2, port: 8000}]
+"""
+
+
+def _weights(snapshot) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    cla = snapshot.resources[ResourceType.ENDPOINT]["pool"].message
+    weights = {}
+    for lb_endpoint in cla.endpoints[0].lb_endpoints:
+        address = lb_endpoint.endpoint.address.socket_address
+        weights[f"{address.address}:{address.port_value}"] = lb_endpoint.load_balancing_weight.value
+    return weights
+
+
+async def test_a_long_prompt_reported_in_flight_cuts_its_pods_weight_at_once() -> None:
+    telemetry, cache = Telemetry(), SnapshotCache()
+    load = FakeLoad({})
+    pods = {
+        key: PodSignals(age_s=0.1, waiting=0, running=2)
+        for key in ("10.0.0.1:8000", "10.0.0.2:8000")
+    }
+    controller = Controller(cache=cache, telemetry=telemetry, signals=lambda: pods, load=load)
+    task = asyncio.create_task(controller.run())
+    try:
+        controller.submit(parse_config(LONG_PROMPTS))
+        first = await asyncio.wait_for(controller.settled(), 2)
+        assert _weights(first) == {"10.0.0.1:8000": MAX_WEIGHT, "10.0.0.2:8000": MAX_WEIGHT}
+
+        # Another cluster's load changing is no reason to re-score.
+        load.by_endpoint = {"pool/long": {"10.0.0.2:8000": 1}}
+        controller.load_changed({"pool"})
+        await asyncio.sleep(0.2)
+        assert controller.snapshot is first
+
+        # The long-prompt cluster's is, without waiting for the debounce (0.5 s).
+        controller.load_changed({"pool/long"})
+        await asyncio.sleep(0.1)
+        assert controller.snapshot is not None
+        weights = _weights(controller.snapshot)
+        assert weights["10.0.0.1:8000"] == MAX_WEIGHT
+        assert weights["10.0.0.2:8000"] == pytest.approx(MAX_WEIGHT / 100, rel=0.15)
+
+        # The long prompt finished: the weight is back as soon as that is reported.
+        load.by_endpoint = {}
+        controller.load_changed({"pool/long"})
+        await asyncio.sleep(0.1)
+        assert _weights(controller.snapshot) == _weights(first)
+    finally:
+        task.cancel()
+
+
+def test_a_band_is_admitted_in_every_lane_and_long_prompts_are_found_in_each_band() -> None:
+    config = parse_config(FLOW.replace("gpu_aware: false", "session_affinity: true"))
+    (pool,) = config.pools
+    assert config.lanes(pool) == ("pool", "session", "long")
+    assert band_clusters(config, pool)["standard"] == [
+        "pool/standard",
+        "pool/session/standard",
+        "pool/long/standard",
+    ]
+    assert long_prompt_clusters(config, pool) == [
+        "pool/long/critical",
+        "pool/long/standard",
+        "pool/long/sheddable",
+    ]
+    plain = parse_config(LONG_PROMPTS)
+    assert long_prompt_clusters(plain, plain.pools[0]) == ["pool/long"]
+    off = parse_config(FLOW)
+    assert off.lanes(off.pools[0]) == ("pool",)
+    assert long_prompt_clusters(off, off.pools[0]) == []

@@ -14,4 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_example_config_loads_and_builds() -> None:
     config = load_config(ROOT / "examples" / "config.yaml")
     snapshot = SnapshotBuilder().build(config)
-    assert sorted(snapshot.resources[ResourceType.CLUSTER]) == ["llama", "qwen"]
+    assert sorted(snapshot.resources[ResourceType.CLUSTER]) == [
+        "llama",
+        "llama/long",
+        "qwen",
+        "qwen/long",
+    ]

@@ -78,7 +78,8 @@ class ServerSettings:
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
     # How often Envoys send load reports (LRS): requests in flight and rates per cluster.
-    load_report_interval_s: float = 0.25
+    # Short, because the policy learns from them which pods just took a long prompt.
+    load_report_interval_s: float = 0.1
 
 
 class _State(enum.Enum):
@@ -110,6 +111,13 @@ class EnvoyLoad:
     def envoys(self) -> int:
         return max(1, len(self._reports.nodes()))
 
+    def in_flight_by_endpoint(self, clusters: Sequence[str]) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for cluster in clusters:
+            for key, count in self._reports.in_progress_by_endpoint(cluster).items():
+                total[key] = total.get(key, 0) + count
+        return total
+
 
 class XdsApplication:
     """The whole server. Use `async with XdsApplication(settings) as app:`; ports are then bound."""
@@ -119,7 +127,9 @@ class XdsApplication:
         self.telemetry = Telemetry()
         self.cache = SnapshotCache()
         self.registry = NodeRegistry(self.telemetry)
-        self.load_reports = LoadReports(self.telemetry)
+        self.load_reports = LoadReports(
+            self.telemetry, on_change=lambda clusters: self.controller.load_changed(clusters)
+        )
         scrape_telemetry = ScrapeTelemetry(self.telemetry.registry)
         self.scraper = Scraper(
             MetricsStore(),

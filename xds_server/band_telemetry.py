@@ -78,7 +78,7 @@ class BandCollector(Collector):
             capacity.add_metric([name], admission.capacity)
             saturation.add_metric([name], admission.saturation)
             clusters: Mapping[Band, list[str]] = (
-                band_clusters(pools[name]) if name in pools else {}
+                band_clusters(config, pools[name]) if config is not None and name in pools else {}
             )
             for band in BANDS:
                 limit.add_metric([name, band], admission.max_requests[band])

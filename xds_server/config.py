@@ -25,6 +25,7 @@ __all__ = [
     "EndpointConfig",
     "Engine",
     "FlowControlConfig",
+    "Lane",
     "ListenerConfig",
     "ModelBands",
     "ModelRewrite",
@@ -44,6 +45,10 @@ ModelName = Annotated[str, Field(min_length=1, max_length=256)]
 # Flow-control bands, most important first.
 Band = Literal["critical", "standard", "sheddable"]
 BANDS: tuple[Band, ...] = ("critical", "standard", "sheddable")
+# The clusters of a pool, by the requests they carry: "pool" (the pool's own, weighted),
+# "session" (session-keyed, consistent hashing: `session_affinity`) and "long" (long
+# prompts, weighted, counted apart: `balancing.long_prompt_bytes`).
+Lane = Literal["pool", "session", "long"]
 # The model servers whose /metrics this server reads (see the README's metrics adapters).
 Engine = Literal["vllm", "sglang", "tgi", "triton", "trtllm"]
 # Kubernetes label keys and values (the API server's own limits, simplified).
@@ -221,6 +226,14 @@ class BalancingConfig(_Strict):
     # step waits for the next one even on an idle pod, so a single waiting request at
     # scrape time is noise on a pod with room, not a queue.
     queue_slack: Annotated[int, Field(ge=0, le=1000)] = 1
+    # Requests whose content-length is at least this many bytes carry a long prompt (0: no
+    # long-prompt lane). In a GPU-aware pool they go to the pool's `<pool>/long` cluster,
+    # which the Envoys' load reports count apart, and while a pod has one in flight its
+    # weight is multiplied by `long_prompt_weight_factor` (once per long prompt): a long
+    # prefill holds the pod's token budget for seconds, and a short request sent there
+    # waits behind it. 32 KiB is about 8k tokens of English text in a JSON body.
+    long_prompt_bytes: Annotated[int, Field(ge=0)] = 32_768
+    long_prompt_weight_factor: Annotated[float, Field(gt=0, le=1)] = 0.01
 
 
 class ModelBands(_Strict):
@@ -344,6 +357,16 @@ class RoutingConfig(_Strict):
                     f"{', '.join(unserved)}"
                 )
         return self
+
+    def lanes(self, pool: PoolConfig) -> tuple[Lane, ...]:
+        """The lanes (clusters) of `pool`: its own, then "session" with session affinity, then
+        "long" when GPU-aware balancing is on and long prompts have a lane."""
+        lanes: list[Lane] = ["pool"]
+        if pool.session_affinity:
+            lanes.append("session")
+        if pool.weights_from_metrics and self.balancing.long_prompt_bytes > 0:
+            lanes.append("long")
+        return tuple(lanes)
 
     def pool_of(self, model: str) -> PoolConfig | None:
         """The pool serving `model` (a model or a LoRA adapter), or None when no pool does."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -28,7 +28,14 @@ from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["Controller", "LoadSource", "SignalsSource", "SnapshotBuilder", "band_clusters"]
+__all__ = [
+    "Controller",
+    "LoadSource",
+    "SignalsSource",
+    "SnapshotBuilder",
+    "band_clusters",
+    "long_prompt_clusters",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +121,8 @@ class SignalsSource(Protocol):
 
 
 class LoadSource(Protocol):
-    """What the Envoys report of the load they carry (LRS), for flow control."""
+    """What the Envoys report of the load they carry (LRS): for flow control, and the pods
+    busy with long prompts."""
 
     def band_load(self, clusters: Mapping[Band, Sequence[str]]) -> BandLoad:
         """In-flight requests per band (summed over the band's `clusters` and every Envoy)
@@ -125,20 +133,27 @@ class LoadSource(Protocol):
         """How many Envoys share the limits (at least 1)."""
         ...
 
+    def in_flight_by_endpoint(self, clusters: Sequence[str]) -> Mapping[str, int]:
+        """Requests in flight per endpoint id ("address:port") on `clusters`, summed over
+        them and every Envoy; endpoints with none may be left out."""
+        ...
 
-def band_clusters(pool: PoolConfig) -> dict[Band, list[str]]:
-    """The clusters that admit each band of `pool` (names.band_cluster_name)."""
+
+def band_clusters(config: RoutingConfig, pool: PoolConfig) -> dict[Band, list[str]]:
+    """The clusters that admit each band of `pool`, one per lane (names.band_cluster_name)."""
+    lanes = config.lanes(pool)
     return {
-        band: [
-            names.band_cluster_name(pool.name, band),
-            *(
-                [names.band_cluster_name(pool.name, band, session=True)]
-                if pool.session_affinity
-                else []
-            ),
-        ]
-        for band in BANDS
+        band: [names.band_cluster_name(pool.name, band, lane) for lane in lanes] for band in BANDS
     }
+
+
+def long_prompt_clusters(config: RoutingConfig, pool: PoolConfig) -> list[str]:
+    """The clusters that carry `pool`'s long prompts (none without a long-prompt lane)."""
+    if "long" not in config.lanes(pool):
+        return []
+    if config.flow_control.enabled:
+        return [names.band_cluster_name(pool.name, band, "long") for band in BANDS]
+    return [names.lane_cluster_name(pool.name, "long")]
 
 
 def _capacity_inputs(
@@ -170,7 +185,8 @@ class Controller:
     A config change is debounced (`updates.debounce_s` after the last change, at most
     `updates.max_delay_s` after the first); metrics changes are throttled (applied
     `debounce_s` after the first one, however many follow) so that a steady stream of
-    scrapes still reaches Envoy promptly. With GPU-aware pools the state is also re-scored
+    scrapes still reaches Envoy promptly; a long prompt starting or ending on a pod (load
+    reports) is applied at once. With GPU-aware pools the state is also re-scored
     every scrape interval, so a pod whose metrics stop arriving goes stale on time.
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory
@@ -232,6 +248,17 @@ class Controller:
         if self._config is not None:
             self._schedule(extend=False)
 
+    def load_changed(self, clusters: Set[str]) -> None:
+        """The Envoys' load reports changed the requests in flight per endpoint of
+        `clusters`. When they carry long prompts, re-score now, without debounce: a pod that
+        just took a long prefill should get no more short requests, and each fraction of a
+        second sends it more."""
+        config = self._config
+        if config is None:
+            return
+        if any(c in clusters for p in config.pools for c in long_prompt_clusters(config, p)):
+            self._schedule(extend=False, now=True)
+
     def reject(self, error: ConfigError) -> None:
         """Record a config that could not be used; the last good one stays in force."""
         logger.error("%s. Keeping the last good routing config.", error)
@@ -239,15 +266,18 @@ class Controller:
         self._telemetry.config_last_reload_ok.set(0)
         self.last_error = str(error)
 
-    def _schedule(self, *, extend: bool) -> None:
+    def _schedule(self, *, extend: bool, now: bool = False) -> None:
         assert self._config is not None
         updates = self._config.updates
-        now = time.monotonic()
-        if self._dirty_since is None:
-            self._dirty_since = now
-            self._deadline = now + updates.debounce_s
+        at = time.monotonic()
+        if now:
+            self._dirty_since = self._dirty_since if self._dirty_since is not None else at
+            self._deadline = at
+        elif self._dirty_since is None:
+            self._dirty_since = at
+            self._deadline = at + updates.debounce_s
         elif extend:
-            self._deadline = min(now + updates.debounce_s, self._dirty_since + updates.max_delay_s)
+            self._deadline = min(at + updates.debounce_s, self._dirty_since + updates.max_delay_s)
         self._settled.clear()
         self._wake.set()
 
@@ -283,10 +313,14 @@ class Controller:
         for pool in config.pools:
             if not pool.weights_from_metrics or self._signals is None:
                 continue
+            long_prompts = long_prompt_clusters(config, pool)
             scored = score_pool(
                 pool,
                 settings=config.balancing,
                 signals=signals,
+                long_prompts=self._load.in_flight_by_endpoint(long_prompts)
+                if self._load is not None and long_prompts
+                else {},
                 memory=self._memory.get(pool.name, {}),
                 placement=self._placement.get(pool.name, {}),
                 adapter_activity=self._adapter_activity.get(pool.name, {}),
@@ -302,7 +336,7 @@ class Controller:
         retry_after: dict[tuple[str, Band], int] = {}
         admissions = {}
         for pool in config.pools:
-            clusters = band_clusters(pool)
+            clusters = band_clusters(config, pool)
             admission = admit(
                 _capacity_inputs(pool, pools.get(pool.name), signals),
                 load=self._load.band_load(clusters),

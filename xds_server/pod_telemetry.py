@@ -26,6 +26,10 @@ _FAMILIES = {
     "running": ("xds_pod_requests_running", "Requests running in the pod's engine."),
     "adapters": ("xds_pod_lora_adapters", "LoRA adapters the pod holds or is loading."),
     "weight": ("xds_pod_weight", "The EDS load-balancing weight sent to Envoy."),
+    "long": (
+        "xds_pod_long_prompts_in_flight",
+        "Long prompts in flight on the pod (load reports); its weight is cut while they last.",
+    ),
     "healthy": ("xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0."),
     "age": ("xds_pod_metrics_age_seconds", "Age of the pod's last good metrics."),
     "errors": ("xds_pod_scrape_errors_in_a_row", "Failed scrapes since the last good one."),
@@ -50,6 +54,7 @@ class PodCollector(Collector):
                 pod_id = endpoint.id
                 labels = [pool.name, pod_id]
                 families["weight"].add_metric(labels, endpoint.weight)
+                families["long"].add_metric(labels, endpoint.long_prompts)
                 families["healthy"].add_metric(
                     labels, 1.0 if endpoint.health is Health.HEALTHY else 0.0
                 )

@@ -291,7 +291,7 @@ async def test_session_keyed_requests_are_admitted_per_band(  # type: ignore[no-
         session_affinity=["llama"],
     )
     gateway = await gateway_factory()
-    session = names.band_cluster_name("llama", "sheddable", session=True)
+    session = names.band_cluster_name("llama", "sheddable", "session")
     await _set_limit(gateway.envoy, http, session, 0)
     keyed = {names.SESSION_HEADER: "conversation-1", names.OBJECTIVE_HEADER: "batch"}
     assert await _status(http, f"{gateway.url}/v1/chat/completions", keyed) == 429
@@ -300,7 +300,7 @@ async def test_session_keyed_requests_are_admitted_per_band(  # type: ignore[no-
     served = {(await _chat_with(http, gateway.url, keyed)) for _ in range(5)}
     assert len(served) == 1, served
     stats = await gateway.envoy.get_stats(r"^cluster\.llama/session/[a-z]+\.upstream_rq_total$")
-    critical = names.band_cluster_name("llama", "critical", session=True)
+    critical = names.band_cluster_name("llama", "critical", "session")
     assert stats[f"cluster.{critical}.upstream_rq_total"] == 5
     assert stats.get(f"cluster.{session}.upstream_rq_total", 0) == 0
 

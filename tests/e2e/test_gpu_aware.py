@@ -65,6 +65,19 @@ async def hosts(gateway: LocalGateway) -> dict[int, tuple[int, str]]:
     return {}
 
 
+async def pod_samples(gateway: LocalGateway) -> dict[tuple[str, str], float]:
+    """The server's xds_pod_* samples: (name, pod id) -> value."""
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://127.0.0.1:{gateway.app.admin_port}/metrics") as response:
+            text = await response.text()
+    return {
+        (s.name, s.labels["pod"]): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("xds_pod_")
+    }
+
+
 @pytest.fixture
 async def pods() -> AsyncIterator[list[FakeVllmPod]]:
     async with contextlib.AsyncExitStack() as stack:
@@ -97,15 +110,7 @@ async def test_weights_follow_queues_and_capacity(pods: list[FakeVllmPod], tmp_p
 
         # The same story on the server's own /metrics, per pod.
         envoy_weights = await weights()
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"http://127.0.0.1:{gateway.app.admin_port}/metrics") as response:
-                text = await response.text()
-        samples = {
-            (s.name, s.labels["pod"]): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name.startswith("xds_pod_")
-        }
+        samples = await pod_samples(gateway)
         for pod in pods:
             pod_id = f"127.0.0.1:{pod.port}"
             assert samples[("xds_pod_weight", pod_id)] == envoy_weights[pod.port]
@@ -242,3 +247,70 @@ async def test_lora_adapters_spread_from_a_cold_start_and_stay_put(tmp_path: Pat
     assert all(len(pods) == 1 for pods in settled.values()), served
     assert settled["a"] != settled["b"], served
     assert loads <= 6, (loads, served)
+
+
+async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: Path) -> None:
+    """A request over `balancing.long_prompt_bytes` (32 KiB by default) goes to the pool's
+    long-prompt cluster. Within a load report the policy knows its pod and cuts that pod's
+    weight, so short requests go to the other pod while its prefill holds the GPU; when it
+    finishes, the weight comes back."""
+    specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(2)]
+    async with Fleet(specs, model="m") as fleet:
+        config = RoutingConfig.model_validate(
+            {
+                "listener": {"address": "127.0.0.1", "port": 0},
+                "updates": {"debounce_s": 0.02},
+                "balancing": {"scrape_interval_s": 0.1},
+                "pools": [
+                    {
+                        "name": "gpu",
+                        "models": ["m"],
+                        "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in fleet.pods],
+                    }
+                ],
+            }
+        )
+        path = tmp_path / "config.yaml"
+        path.write_text(config.model_dump_json())
+        async with (
+            run_local_gateway(path, config_poll_s=3600) as gateway,
+            aiohttp.ClientSession() as http,
+        ):
+
+            async def served_by(prompt: str, max_tokens: int) -> str:
+                body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens}
+                async with http.post(f"{gateway.url}/v1/completions", json=body) as response:
+                    assert response.status == 200, await response.text()
+                    await response.read()
+                    return response.headers[BACKEND_ID_HEADER]
+
+            async def weights() -> list[int]:
+                return sorted(weight for weight, _ in (await hosts(gateway)).values())
+
+            async def equal() -> bool:
+                got = await weights()
+                return len(got) == 2 and got[0] == got[1]
+
+            await eventually(equal, what="two equal weights")
+            # 12k words: about 2 s of prefill on this profile, then 40 tokens of decode.
+            long_prompt = asyncio.create_task(served_by("word " * 12_000, 40))
+
+            async def cut() -> bool:
+                low, high = await weights()
+                return low * 50 < high
+
+            await eventually(cut, within_s=1.0, what="the long prompt's pod cut")
+            short = [await served_by("hello there", 1) for _ in range(6)]
+            during = await pod_samples(gateway)
+            assert not long_prompt.done(), "the long prompt finished too early to tell"
+            long_pod = await long_prompt
+            stats = await gateway.envoy.get_stats("upstream_rq_total")
+            await eventually(equal, within_s=2.0, what="the weight back once it finished")
+    assert set(short) == {"pod-0", "pod-1"} - {long_pod}, (short, long_pod)
+    in_flight = {
+        p.name: during[("xds_pod_long_prompts_in_flight", f"127.0.0.1:{p.port}")]
+        for p in fleet.pods
+    }
+    assert in_flight == {long_pod: 1, next(iter(set(short))): 0}
+    assert stats["cluster.gpu/long.upstream_rq_total"] == 1
+    assert stats["cluster.gpu.upstream_rq_total"] == 6

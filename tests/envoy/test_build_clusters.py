@@ -26,16 +26,40 @@ from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
 
-def test_one_eds_cluster_per_pool(config: RoutingConfig) -> None:
+def test_one_eds_cluster_per_pool_and_one_for_its_long_prompts(config: RoutingConfig) -> None:
     clusters = build_clusters(config)
-    assert [c.name for c in clusters] == ["alpha", "beta", "empty"]
-    for cluster, pool in zip(clusters, config.pools, strict=True):
+    assert [c.name for c in clusters] == [
+        "alpha",
+        "alpha/long",
+        "beta",
+        "beta/long",
+        "empty",
+        "empty/long",
+    ]
+    for cluster, pool in zip(clusters[::2], config.pools, strict=True):
         assert cluster.type == cluster_pb2.Cluster.EDS
         assert cluster.eds_cluster_config.service_name == names.eds_service_name(pool.name)
         assert cluster.eds_cluster_config.eds_config.HasField("ads")
         assert cluster.eds_cluster_config.eds_config.resource_api_version == 2  # V3
         assert cluster.connect_timeout.ToMilliseconds() == 500
         assert not cluster.HasField("load_assignment")
+    # The long-prompt cluster is the pool's own under another name: same assignment and
+    # balancing, counted apart in the load reports.
+    for cluster, long_prompts in zip(clusters[::2], clusters[1::2], strict=True):
+        renamed = cluster_pb2.Cluster()
+        renamed.CopyFrom(long_prompts)
+        renamed.name = cluster.name
+        assert renamed == cluster
+
+
+def test_no_long_prompt_cluster_when_turned_off_or_without_gpu_aware_weights(
+    affinity_config: RoutingConfig,
+) -> None:
+    # `rr` balances by round robin, so no metrics weights: no lane for long prompts.
+    assert "rr/long" not in {c.name for c in build_clusters(affinity_config)}
+    balancing = affinity_config.balancing.model_copy(update={"long_prompt_bytes": 0})
+    off = affinity_config.model_copy(update={"balancing": balancing})
+    assert [c.name for c in build_clusters(off)] == ["llm", "llm/session", "rr", "plain"]
 
 
 def test_gpu_aware_pools_default_to_weighted_round_robin(config: RoutingConfig) -> None:
@@ -115,12 +139,21 @@ def test_panic_mode_is_off_on_every_cluster(affinity_config: RoutingConfig) -> N
 
 def test_clusters_in_pool_order_with_session_clusters(affinity_config: RoutingConfig) -> None:
     clusters = build_clusters(affinity_config)
-    assert [c.name for c in clusters] == ["llm", "llm/session", "rr", "plain"]
+    assert [c.name for c in clusters] == [
+        "llm",
+        "llm/session",
+        "llm/long",
+        "rr",
+        "plain",
+        "plain/long",
+    ]
     # The session cluster has its own assignment: ring weights follow capacity, not load.
     assert [c.eds_cluster_config.service_name for c in clusters] == [
         "llm",
         "llm/session",
+        "llm",
         "rr",
+        "plain",
         "plain",
     ]
     assert names.session_cluster_name("llm") == "llm/session"
@@ -168,7 +201,14 @@ def test_every_cluster_has_its_assignment(affinity_config: RoutingConfig) -> Non
             ResourceType.ENDPOINT: build_endpoints(affinity_config),
         }
     )
-    assert snapshot.names(ResourceType.CLUSTER) == {"llm", "llm/session", "rr", "plain"}
+    assert snapshot.names(ResourceType.CLUSTER) == {
+        "llm",
+        "llm/session",
+        "llm/long",
+        "rr",
+        "plain",
+        "plain/long",
+    }
     assert snapshot.names(ResourceType.ENDPOINT) == {"llm", "llm/session", "rr", "plain"}
 
 
@@ -232,7 +272,12 @@ def test_flow_control_adds_band_clusters_copying_the_pools_clusters(
     expected = {
         **{name: name for name in plain},
         **{names.band_cluster_name(p, b): p for p in ("llm", "rr", "plain") for b in bands},
-        **{names.band_cluster_name("llm", b, session=True): "llm/session" for b in bands},
+        **{names.band_cluster_name("llm", b, "session"): "llm/session" for b in bands},
+        **{
+            names.band_cluster_name(p, b, "long"): f"{p}/long"
+            for p in ("llm", "plain")
+            for b in bands
+        },
     }
     assert set(banded) == set(expected)
     for name, base in expected.items():
@@ -253,4 +298,6 @@ def test_flow_control_adds_band_clusters_copying_the_pools_clusters(
 
 def test_band_cluster_names() -> None:
     assert names.band_cluster_name("llama", "sheddable") == "llama/sheddable"
-    assert names.band_cluster_name("llama", "critical", session=True) == "llama/session/critical"
+    assert names.band_cluster_name("llama", "critical", "session") == "llama/session/critical"
+    assert names.band_cluster_name("llama", "standard", "long") == "llama/long/standard"
+    assert names.lane_cluster_name("llama", "long") == "llama/long"

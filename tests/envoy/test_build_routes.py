@@ -40,15 +40,10 @@ def test_one_route_config_with_one_catch_all_virtual_host(config: RoutingConfig)
 
 
 def test_route_order(config: RoutingConfig) -> None:
+    models = ("model-a", "org/Model-A.2", "50%-model", "model-e")
+    kinds = ("model", "header")
     assert [r.name for r in _routes(config)] == [
-        "model/model-a",
-        "model/org/Model-A.2",
-        "model/50%-model",
-        "model/model-e",
-        "header/model-a",
-        "header/org/Model-A.2",
-        "header/50%-model",
-        "header/model-e",
+        *(f"{lane}{kind}/{m}" for kind in kinds for m in models for lane in ("long-", "")),
         "error/unknown_header_model",
         "error/missing_model",
         "error/invalid_body",
@@ -57,6 +52,30 @@ def test_route_order(config: RoutingConfig) -> None:
         "unrouted",
     ]
     assert all(r.match.prefix == "/" for r in _routes(config))
+
+
+def test_long_prompts_route_to_the_pools_long_prompt_cluster(config: RoutingConfig) -> None:
+    by_name = {r.name: r for r in _routes(config)}
+    for kind in ("model", "header"):
+        long_prompt, plain = by_name[f"long-{kind}/model-a"], by_name[f"{kind}/model-a"]
+        *same, content_length = long_prompt.match.headers
+        assert content_length.name == "content-length"
+        assert content_length.range_match.start == config.balancing.long_prompt_bytes == 32_768
+        assert content_length.range_match.end == 2**63 - 1
+        # Otherwise the plain route's match, action and headers, to `<pool>/long`.
+        assert same == list(plain.match.headers)
+        assert list(long_prompt.match.dynamic_metadata) == list(plain.match.dynamic_metadata)
+        assert long_prompt.route.cluster == "alpha/long"
+        long_prompt.route.cluster = plain.route.cluster
+        assert long_prompt.route == plain.route
+        assert long_prompt.request_headers_to_add == plain.request_headers_to_add
+
+
+def test_no_long_prompt_routes_when_turned_off(config: RoutingConfig) -> None:
+    balancing = config.balancing.model_copy(update={"long_prompt_bytes": 0})
+    off = config.model_copy(update={"balancing": balancing})
+    assert not [r.name for r in _routes(off) if r.name.startswith("long-")]
+    assert len(_routes(off)) == len(_routes(config)) - 8
 
 
 def test_body_model_routes_to_its_pool(config: RoutingConfig) -> None:
@@ -177,13 +196,21 @@ def test_a_model_name_that_cannot_be_a_header_value_is_refused(config: RoutingCo
 
 def test_affinity_route_order(affinity_config: RoutingConfig) -> None:
     def per_model(kind: str, model: str) -> list[str]:
-        return [f"session-{kind}/{model}", f"session-key-{kind}/{model}", f"{kind}/{model}"]
+        # The session key first (its prefix is cached where it goes), then long prompts.
+        return [
+            f"session-{kind}/{model}",
+            f"session-key-{kind}/{model}",
+            f"long-{kind}/{model}",
+            f"{kind}/{model}",
+        ]
 
     expected = []
     for kind in ("model", "header"):
         for model in ("base", "lora-b", "lora-a"):
             expected += per_model(kind, model)
-        expected += [f"{kind}/rr-model", f"{kind}/rr-lora", f"{kind}/plain-model"]
+        # `rr` is round robin: no metrics weights, so no long-prompt lane.
+        expected += [f"{kind}/rr-model", f"{kind}/rr-lora", f"long-{kind}/plain-model"]
+        expected += [f"{kind}/plain-model"]
     names_ = [r.name for r in _routes(affinity_config)]
     assert names_[: len(expected)] == expected
     assert names_[len(expected) :] == [r.name for r in _routes(affinity_config)[-6:]]
@@ -414,16 +441,18 @@ def test_a_split_goes_to_the_band_clusters_of_its_targets() -> None:
         assert [(c.name, c.weight.value) for c in clusters] == [(f"p/{band}", 3), (f"q/{band}", 1)]
 
 
-def test_session_routes_come_per_band_to_band_session_clusters() -> None:
+def test_session_and_long_prompt_routes_come_per_band_to_their_band_clusters() -> None:
     routes = [
         r for r in _routes(parse_config(FLOW_YAML)) if r.name.endswith("n/critical/band/critical")
     ]
     assert [(r.name, r.route.cluster) for r in routes] == [
         ("session-model/n/critical/band/critical", "q/session/critical"),
         ("session-key-model/n/critical/band/critical", "q/session/critical"),
+        ("long-model/n/critical/band/critical", "q/long/critical"),
         ("model/n/critical/band/critical", "q/critical"),
         ("session-header/n/critical/band/critical", "q/session/critical"),
         ("session-key-header/n/critical/band/critical", "q/session/critical"),
+        ("long-header/n/critical/band/critical", "q/long/critical"),
         ("header/n/critical/band/critical", "q/critical"),
     ]
     assert all(r.route.hash_policy for r in routes if r.name.startswith("session"))

@@ -75,6 +75,28 @@ def test_queue_and_full_kv_cut_the_weight() -> None:
     assert got[B][0] == pytest.approx(MAX_WEIGHT * 0.0625, rel=0.15)  # (0.25)^2
 
 
+def test_a_pod_with_long_prompts_in_flight_is_cut_by_the_factor_per_prompt() -> None:
+    pods = {A: signals(), B: signals()}
+    assert weights(pods, long_prompts={B: 1})[B][0] == pytest.approx(MAX_WEIGHT / 100, rel=0.15)
+    assert weights(pods, long_prompts={B: 2})[B][0] == pytest.approx(MAX_WEIGHT / 1e4, rel=0.15)
+    settings = BalancingConfig(smoothing=1.0, long_prompt_weight_factor=0.5)
+    got = weights(pods, settings, long_prompts={A: 1})
+    assert got[A][0] == pytest.approx(MAX_WEIGHT / 2, rel=0.15) and got[B][0] == MAX_WEIGHT
+    # Relative: when every pod has one, none is preferred.
+    both = weights(pods, long_prompts={A: 1, B: 1})
+    assert both[A] == both[B] == (MAX_WEIGHT, Health.HEALTHY)
+
+
+def test_the_long_prompt_cut_is_neither_smoothed_nor_remembered() -> None:
+    settings = BalancingConfig(smoothing=0.5)
+    pods = {A: signals(), B: signals()}
+    during = score_pool(POOL, settings=settings, signals=pods, memory={}, long_prompts={B: 1})
+    assert during.state.endpoints[1].weight == pytest.approx(MAX_WEIGHT / 100, rel=0.15)
+    after = score_pool(POOL, settings=settings, signals=pods, memory=during.memory)
+    assert after.memory == during.memory
+    assert [e.weight for e in after.state.endpoints] == [MAX_WEIGHT, MAX_WEIGHT]
+
+
 def test_smoothing_moves_halfway() -> None:
     settings = BalancingConfig(smoothing=0.5)
     first = score_pool(POOL, settings=settings, signals={A: signals(), B: signals()}, memory={})

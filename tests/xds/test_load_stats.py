@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.endpoint.v3 import load_report_pb2
 from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
 from google.protobuf import duration_pb2
@@ -98,7 +98,8 @@ async def test_first_request_is_answered_with_all_clusters_and_the_interval(lrs)
         response = await reporter.recv()
         assert response.send_all_clusters and not response.clusters
         assert response.load_reporting_interval.ToMilliseconds() == 250
-        assert not response.report_endpoint_granularity
+        # Requests in flight per endpoint too: the pods busy with long prompts.
+        assert response.report_endpoint_granularity
         [node] = lrs.reports.nodes()
         assert (node.node_id, node.group) == ("envoy-1", "gateway")
         assert lrs.metric("xds_lrs_streams") == 1
@@ -146,3 +147,53 @@ async def test_reports_are_summed_over_localities_and_envoys_and_forgotten_on_cl
 def test_the_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         LoadStatsServer(reports=LoadReports(Telemetry()), interval_s=0)
+
+
+def _by_endpoint(cluster: str, *endpoints: tuple[str, int, int]) -> load_report_pb2.ClusterStats:
+    """One locality whose endpoints ("address", port, in progress) report."""
+    return load_report_pb2.ClusterStats(
+        cluster_name=cluster,
+        upstream_locality_stats=[
+            load_report_pb2.UpstreamLocalityStats(
+                total_requests_in_progress=sum(active for _, _, active in endpoints),
+                upstream_endpoint_stats=[
+                    load_report_pb2.UpstreamEndpointStats(
+                        address=address_pb2.Address(
+                            socket_address=address_pb2.SocketAddress(
+                                address=address, port_value=port
+                            )
+                        ),
+                        total_requests_in_progress=active,
+                    )
+                    for address, port, active in endpoints
+                ],
+            )
+        ],
+    )
+
+
+def test_requests_in_flight_per_endpoint_are_summed_and_their_changes_told() -> None:
+    changes: list[set[str]] = []
+    reports = LoadReports(Telemetry(), on_change=lambda clusters: changes.append(set(clusters)))
+    for stream in (1, 2):
+        reports.open(stream, base_pb2.Node(id=f"envoy-{stream}", cluster="gateway"))
+    reports.report(1, [_by_endpoint("p/long", ("10.0.0.1", 8000, 1), ("10.0.0.2", 8000, 0))])
+    reports.report(2, [_by_endpoint("p/long", ("10.0.0.1", 8000, 2)), _by_endpoint("p")])
+    assert reports.in_progress_by_endpoint("p/long") == {"10.0.0.1:8000": 3}
+    assert reports.in_progress_by_endpoint("p/long", group="elsewhere") == {}
+    assert reports.in_progress_by_endpoint("p") == {}
+    # An endpoint with none in flight is not a change; a new report with the same counts
+    # is not one either.
+    assert changes == [{"p/long"}, {"p/long"}]
+    reports.report(1, [_by_endpoint("p/long", ("10.0.0.1", 8000, 1))])
+    assert len(changes) == 2
+    reports.report(1, [_by_endpoint("p/long", ("10.0.0.2", 8000, 1))])
+    assert changes[-1] == {"p/long"}
+    assert reports.in_progress_by_endpoint("p/long") == {"10.0.0.1:8000": 2, "10.0.0.2:8000": 1}
+    # A closed stream takes its requests with it.
+    reports.close(2)
+    assert changes[-1] == {"p/long"}
+    assert reports.in_progress_by_endpoint("p/long") == {"10.0.0.2:8000": 1}
+    reports.report(1, [_by_endpoint("p/long")])
+    assert changes[-1] == {"p/long"} and len(changes) == 5
+    assert reports.in_progress_by_endpoint("p/long") == {}

@@ -30,18 +30,25 @@ multiple of the mean in-flight load is skipped for the next one on the ring, so 
 session spills over instead of piling onto one GPU. Requests without a session key never
 reach it.
 
-With flow control on, each pool also gets one cluster per band,
-names.band_cluster_name(pool, band), and with session affinity one session cluster per
-band, names.band_cluster_name(pool, band, session=True): copies of the pool's cluster (or
-session cluster), so the same balancing, subsets, upstream settings and
+A GPU-aware pool (weights from metrics) also gets a cluster for its long prompts,
+`<pool>/long` (`balancing.long_prompt_bytes`; routes.py sends them there): a copy of the
+pool's cluster on the same ClusterLoadAssignment, so the same endpoints, weights and
+balancing. It exists so that the Envoys' load reports (LRS, per endpoint) count long
+prompts apart: the policy then knows which pods are busy with a long prefill, seconds
+before their metrics show the requests queued behind it, and cuts their weight.
+
+With flow control on, each pool also gets one cluster per band and lane (config.lanes),
+names.band_cluster_name(pool, band, lane): copies of the pool's cluster (or session or
+long-prompt cluster), so the same balancing, subsets, upstream settings and
 ClusterLoadAssignment, plus a circuit breaker whose `max_requests` is the band's admission
 limit. Its static value is only a ceiling (BAND_MAX_REQUESTS); the limit itself comes from
 the runtime key `circuit_breakers.<cluster>.default.max_requests` (RTDS), which Envoy applies
 at once without touching the cluster: a CDS update would drop its idle connections and
 restart its counts. A request over the limit is refused before it reaches a model server
 (response flag UO), which the listener turns into a 429 (listeners.py). Session-keyed
-requests are admitted per band too, by their own clusters (a session key must not be a way
-around the limit), so a band's budget spans two counters in such a pool.
+requests and long prompts are admitted per band too, by their own clusters (neither a
+session key nor a long prompt is a way around the limit), so a band's budget spans a
+counter per lane.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_
 from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
 from envoy.type.v3 import percent_pb2
 
-from xds_server.config import BANDS, PoolConfig, RoutingConfig
+from xds_server.config import BANDS, Lane, PoolConfig, RoutingConfig
 from xds_server.envoy import _protos, names
 
 __all__ = [
@@ -85,32 +92,35 @@ BAND_MAX_REQUESTS = 1_000_000
 
 
 def build_clusters(config: RoutingConfig) -> list[_Any]:
-    """Per pool in config order: its cluster, then its session cluster if it has affinity."""
+    """Per pool in config order: one cluster per lane (the pool's, its session cluster with
+    session affinity, its long-prompt cluster), then its band clusters with flow control."""
     clusters = []
     for pool in config.pools:
-        clusters.append(build_cluster(config, pool))
-        if pool.session_affinity:
-            clusters.append(build_session_cluster(config, pool))
+        clusters += [_lane_cluster(config, pool, lane) for lane in config.lanes(pool)]
         if config.flow_control.enabled:
             clusters += build_band_clusters(config, pool)
     return clusters
 
 
 def build_band_clusters(config: RoutingConfig, pool: PoolConfig) -> list[_Any]:
-    """The band clusters of `pool` (module docstring), critical first, then with session
-    affinity the band session clusters in the same order."""
-    bases = [(build_cluster(config, pool), False)]
-    if pool.session_affinity:
-        bases.append((build_session_cluster(config, pool), True))
+    """The band clusters of `pool` (module docstring): per lane (config.lanes), critical
+    first."""
     clusters = []
-    for base, session in bases:
+    for lane in config.lanes(pool):
+        base = _lane_cluster(config, pool, lane)
         for band in BANDS:
             cluster = cluster_pb2.Cluster()
             cluster.CopyFrom(base)
-            cluster.name = names.band_cluster_name(pool.name, band, session=session)
+            cluster.name = names.band_cluster_name(pool.name, band, lane)
             cluster.circuit_breakers.CopyFrom(_band_circuit_breakers())
             clusters.append(cluster)
     return clusters
+
+
+def _lane_cluster(config: RoutingConfig, pool: PoolConfig, lane: Lane) -> _Any:
+    if lane == "session":
+        return build_session_cluster(config, pool)
+    return build_cluster(config, pool, long_prompts=lane == "long")
 
 
 def _band_circuit_breakers() -> _Any:
@@ -129,12 +139,13 @@ def _band_circuit_breakers() -> _Any:
     )
 
 
-def build_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
+def build_cluster(config: RoutingConfig, pool: PoolConfig, *, long_prompts: bool = False) -> _Any:
     """The EDS cluster of `pool`, named names.cluster_name(pool): weighted least request
-    (or round robin), inside a subset balancer when the pool has LoRA adapters."""
+    (or round robin), inside a subset balancer when the pool has LoRA adapters. With
+    `long_prompts`, the same cluster named for the pool's long prompts (`<pool>/long`)."""
     return _eds_cluster(
         config,
-        names.cluster_name(pool.name),
+        names.lane_cluster_name(pool.name, "long" if long_prompts else "pool"),
         _balancing(config, pool),
         service_name=names.eds_service_name(pool.name),
     )

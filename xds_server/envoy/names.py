@@ -13,12 +13,14 @@ occur in a pool name, so it never collides with another pool's cluster, and Envo
 keep it whole (`cluster.<pool>/session.upstream_rq_total`; the Prometheus tag
 `envoy_cluster_name` is `<pool>/session`). With flow control, each band has its own
 clusters on the same assignment too: `<pool>/<band>` and, with session affinity,
-`<pool>/session/<band>` (band_cluster_name).
+`<pool>/session/<band>` (band_cluster_name). A GPU-aware pool's long prompts have a cluster
+of their own on the pool's assignment, `<pool>/long` (and `<pool>/long/<band>`), so that the
+load reports count them apart: each of these three kinds of cluster is a Lane.
 """
 
 from __future__ import annotations
 
-from xds_server.config import Band
+from xds_server.config import Band, Lane
 
 __all__ = [
     "BAND_KEY",
@@ -27,6 +29,7 @@ __all__ = [
     "HCM_STAT_PREFIX",
     "LB_METADATA_NAMESPACE",
     "LISTENER_NAME",
+    "LONG_CLUSTER_SUFFIX",
     "LORA_KEY",
     "METADATA_NAMESPACE",
     "MODEL_INVALID",
@@ -50,6 +53,7 @@ __all__ = [
     "band_cluster_name",
     "cluster_name",
     "eds_service_name",
+    "lane_cluster_name",
     "session_cluster_name",
     "session_eds_service_name",
 ]
@@ -104,6 +108,11 @@ SESSION_BODY_KEYS = ("prompt_cache_key", "user")
 SESSION_KEY = "session_key"
 SESSION_CLUSTER_SUFFIX = "/session"
 
+# Requests whose content-length says their prompt is long go to `<pool>/long` (routes.py):
+# the same endpoints and balancing, counted apart in the load reports, so that the policy
+# sees which pods are busy with a long prefill (policy/scoring.py).
+LONG_CLUSTER_SUFFIX = "/long"
+
 # Flow control (routes.py): a request names an objective in OBJECTIVE_HEADER (the Gateway
 # API Inference Extension's header); each band route carries route metadata under
 # METADATA_NAMESPACE with its BAND_KEY, POOL_KEY and RETRY_AFTER_KEY (seconds, a number),
@@ -147,9 +156,17 @@ def session_cluster_name(pool: str) -> str:
     return pool + SESSION_CLUSTER_SUFFIX
 
 
-def band_cluster_name(pool: str, band: Band, *, session: bool = False) -> str:
-    """The Cluster that admits `pool`'s requests of `band` (flow control): `<pool>/<band>`,
-    or `<pool>/session/<band>` for the band's session-affinity requests. Its circuit breaker
+def lane_cluster_name(pool: str, lane: Lane) -> str:
+    """The Cluster of `pool` for the requests of `lane`: `<pool>`, `<pool>/session` or
+    `<pool>/long`."""
+    if lane == "session":
+        return session_cluster_name(pool)
+    return pool + LONG_CLUSTER_SUFFIX if lane == "long" else cluster_name(pool)
+
+
+def band_cluster_name(pool: str, band: Band, lane: Lane = "pool") -> str:
+    """The Cluster that admits `pool`'s requests of `band` (flow control) in `lane`:
+    `<pool>/<band>`, `<pool>/session/<band>` or `<pool>/long/<band>`. Its circuit breaker
     is the band's admission limit, runtime key
     `circuit_breakers.<this name>.default.max_requests`."""
-    return f"{session_cluster_name(pool) if session else pool}/{band}"
+    return f"{lane_cluster_name(pool, lane)}/{band}"

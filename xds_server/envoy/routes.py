@@ -51,6 +51,14 @@ names.ROUTED_MODEL_HEADER to the target. Envoy picks the target per request by w
   headers only, and a header value with CR, LF or NUL makes Envoy 1.40 refuse the
   upstream request (503, no bytes sent). A body key with such characters fails (b)'s
   regex and is balanced as keyless instead; the client's own header cannot carry them.
+- **Long prompts.** In a pool with a long-prompt lane (config.lanes: GPU-aware, and
+  `balancing.long_prompt_bytes` above 0), route 1 or 2 (c above with session affinity) is
+  preceded by `long-<kind>/M`: the same match, and a `content-length` of at least
+  `long_prompt_bytes`, to the pool's `<pool>/long` cluster (clusters.py). Same endpoints
+  and balancing; the load reports count those requests apart, per pod, so the policy can
+  steer other requests away from a pod busy with a long prefill. A session key wins (its
+  prefix is cached where the key goes); a body sent without content-length (chunked) is
+  not told apart, and splits have no long-prompt route.
 
 **Flow control** (`flow_control.enabled`). Every route to a pool above (a route of a
 split too) becomes a group of classification routes, each to a band cluster of the pool
@@ -66,11 +74,11 @@ c. `<kind>/<M>/<band>`: the model's `default_band` (`flow_control.models`, else 
 Every band is capped at the model's `max_band`, so a client cannot ask for more than its
 model is allowed. Objectives are exact matches, not one regex alternation: Envoy refuses a
 regex over RE2 program size 100 (`re2.max_program_size.error_level`), which a few long
-names exceed. Session affinity routes of a model come per band in the same way, to the
-band's session cluster. Each band route carries route metadata `llm: {band, pool,
-retry_after_s}`, which the 429 of a full band prints (listeners.py). A split's
-`retry_after_s` is the largest of its target pools' (the client waits for the slowest
-rather than retrying too soon), and its `pool` lists them.
+names exceed. Session affinity and long-prompt routes of a model come per band in the same
+way, to the band's session or long-prompt cluster. Each band route carries route metadata
+`llm: {band, pool, retry_after_s}`, which the 429 of a full band prints (listeners.py).
+A split's `retry_after_s` is the largest of its target pools' (the client waits for the
+slowest rather than retrying too soon), and its `pool` lists them.
 """
 
 from __future__ import annotations
@@ -84,9 +92,18 @@ from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
+from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import BANDS, Band, ModelBands, ModelRewrite, PoolConfig, RoutingConfig
+from xds_server.config import (
+    BANDS,
+    Band,
+    Lane,
+    ModelBands,
+    ModelRewrite,
+    PoolConfig,
+    RoutingConfig,
+)
 from xds_server.envoy import _errors, _protos, names
 from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
 
@@ -109,6 +126,9 @@ SESSION_KEY_REGEX = r"[^\x00-\x1f\x7f]+"
 # The body session key is cut to this many bytes in the header: it is a hash key, and a
 # long `user` must not become a long upstream header.
 MAX_SESSION_KEY_CHARS = 256
+
+# The end of the long-prompt route's content-length range (exclusive): no end.
+_MAX_INT64 = 2**63 - 1
 
 # Envoy refuses these in header values (HTTP_HEADER_VALUE), and routed requests carry the
 # model name in names.ROUTED_MODEL_HEADER.
@@ -293,7 +313,7 @@ def _split(
         if pool is None or target.weight == 0:
             continue
         weighted = rc_pb2.WeightedCluster.ClusterWeight(
-            name=_cluster(pool.name, band, session=False),
+            name=_cluster(pool.name, band, "pool"),
             weight=wrappers_pb2.UInt32Value(value=target.weight),
             request_headers_to_add=[_model_header(target.model)],
         )
@@ -307,11 +327,11 @@ def _split(
     return rc_pb2.Route(name=f"split-{kind}/{rewrite.model}", match=match, route=action)
 
 
-def _cluster(pool: str, band: Band | None, *, session: bool) -> str:
-    """The cluster of `pool` (or its session cluster), or of its `band` with flow control."""
+def _cluster(pool: str, band: Band | None, lane: Lane) -> str:
+    """The cluster of `pool`'s `lane`, or of its `band` in that lane with flow control."""
     if band is not None:
-        return names.band_cluster_name(pool, band, session=session)
-    return names.session_cluster_name(pool) if session else names.cluster_name(pool)
+        return names.band_cluster_name(pool, band, lane)
+    return names.lane_cluster_name(pool, lane)
 
 
 def _to_pool(
@@ -325,11 +345,13 @@ def _to_pool(
     band: Band | None = None,
 ) -> list[_Any]:
     """The routes of `model` for one `match`: `<kind>/<model>`, preceded in a pool with session
-    affinity by the session routes for a client's key and for a body's (module docstring);
-    to the clusters of `band` when given (flow control)."""
+    affinity by the session routes for a client's key and for a body's, and in a pool with a
+    long-prompt lane by the long-prompt route (module docstring); to the clusters of `band`
+    when given (flow control)."""
     routes = []
-    if pool.session_affinity:
-        session_cluster = _cluster(pool.name, band, session=True)
+    lanes = config.lanes(pool)
+    if "session" in lanes:
+        session_cluster = _cluster(pool.name, band, "session")
         by_header = rc_pb2.RouteMatch()
         by_header.CopyFrom(match)
         by_header.headers.append(
@@ -352,9 +374,23 @@ def _to_pool(
         route = _route(f"session-key-{kind}/{model}", by_body, action, model)
         route.typed_per_filter_config[HEADER_MUTATION_FILTER].CopyFrom(_SESSION_KEY_TO_HEADER)
         routes.append(route)
-    action = _action(
-        config, _cluster(pool.name, band, session=False), model, adapter=adapter, hashed=False
-    )
+    if "long" in lanes:
+        long_prompt = rc_pb2.RouteMatch()
+        long_prompt.CopyFrom(match)
+        long_prompt.headers.append(
+            rc_pb2.HeaderMatcher(
+                name="content-length",
+                range_match=range_pb2.Int64Range(
+                    start=config.balancing.long_prompt_bytes, end=_MAX_INT64
+                ),
+            )
+        )
+        action = _action(
+            config, _cluster(pool.name, band, "long"), model, adapter=adapter, hashed=False
+        )
+        routes.append(_route(f"long-{kind}/{model}", long_prompt, action, model))
+    cluster = _cluster(pool.name, band, "pool")
+    action = _action(config, cluster, model, adapter=adapter, hashed=False)
     routes.append(_route(f"{kind}/{model}", match, action, model))
     return routes
 

@@ -33,7 +33,12 @@ with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off)
   exponent 0: Envoy's own in-flight count is fresher).
 - prefix_hit_rate: pods whose cache is serving hits (default exponent 0).
 
-Scores are smoothed (EWMA, `balancing.smoothing`) and scaled so the best pod gets
+Scores are smoothed (EWMA, `balancing.smoothing`), then multiplied by
+`balancing.long_prompt_weight_factor` (default 0.01) once per long prompt the pod has in
+flight: the Envoys' load reports say where each long prompt went (its own cluster, counted
+per endpoint) within a report interval, while metrics show its prefill only once requests
+queue behind it. The factor is not smoothed, and not remembered: it applies while the long
+prompt is in flight and not a moment longer. Then scores are scaled so the best pod gets
 MAX_WEIGHT; then quantized to a geometric ladder (steps of 15%) so that near-equal pods get
 exactly equal weights (Envoy then balances a uniform fleet by plain round robin) and small
 noise does not turn into EDS pushes or swings between Envoys. A pool with session
@@ -159,11 +164,13 @@ def score_pool(
     draining: Set[str] = frozenset(),
     placement: Mapping[str, tuple[str, ...]] = MappingProxyType({}),
     adapter_activity: Mapping[str, float] = MappingProxyType({}),
+    long_prompts: Mapping[str, int] = MappingProxyType({}),
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
     `memory`, `placement` and `adapter_activity` are the previous call's (empty at first);
-    `draining` lists endpoints being shut down. Pure: the same inputs give the same output.
+    `draining` lists endpoints being shut down; `long_prompts` the long prompts in flight
+    per endpoint id. Pure: the same inputs give the same output.
     """
     capacities = _capacities(pool.endpoints, signals, settings)
     fresh = {
@@ -188,7 +195,12 @@ def score_pool(
     # The session ring's weights: capacity alone (the largest is 1), clusters.py.
     capacity_exponent = settings.scorers.capacity
     median = statistics.median(scores.values()) if scores else 1.0
-    top = max(scores.values(), default=1.0) or 1.0
+    factor = settings.long_prompt_weight_factor
+    weighed = {
+        key: scores.get(key, median) * factor ** long_prompts.get(key, 0)
+        for key in map(endpoint_id, pool.endpoints)
+    }
+    top = max(weighed.values(), default=1.0) or 1.0
     healthy = [
         endpoint_id(e)
         for e in pool.endpoints
@@ -208,7 +220,6 @@ def score_pool(
     states = []
     for endpoint in pool.endpoints:
         key = endpoint_id(endpoint)
-        score = scores.get(key, median)
         stale = key in signals and key not in fresh
         if key in draining:
             health = Health.DRAINING
@@ -221,7 +232,7 @@ def score_pool(
             EndpointState(
                 address=endpoint.address,
                 port=endpoint.port,
-                weight=_quantize(MAX_WEIGHT * score / top),
+                weight=_quantize(MAX_WEIGHT * weighed[key] / top),
                 ring_weight=_quantize(MAX_WEIGHT * capacities[key] ** capacity_exponent)
                 if pool.session_affinity
                 else None,
@@ -232,6 +243,7 @@ def score_pool(
                 if observed is not None
                 else (),
                 hardware=endpoint.hardware,
+                long_prompts=long_prompts.get(key, 0),
             )
         )
     return ScoredPool(

@@ -40,6 +40,8 @@ class EndpointState:
     # LoRA adapters the pod holds or is loading (endpoint metadata for subset routing).
     adapters: tuple[str, ...] = ()
     hardware: str | None = None
+    # Long prompts in flight on the pod, as the Envoys reported (its weight is cut for them).
+    long_prompts: int = 0
 
     @property
     def id(self) -> str:

@@ -13,15 +13,20 @@ flight), so a cluster's figures are the sum over the localities present (or 0). 
 also drops the completions of a window that issued nothing: rates undercount when long
 requests finish in an otherwise idle window; `in_progress` is always exact.
 
+The server asks for endpoint granularity too (`report_endpoint_granularity`, Envoy 1.40):
+each locality then lists `upstream_endpoint_stats`, so the requests in flight are also
+known per endpoint ("address:port").
+
 One entry per open LRS stream (an Envoy); it is forgotten when the stream closes, so sums
 are over the Envoys connected now. This is what flow control needs to see every band's
-requests in flight across all Envoys.
+requests in flight across all Envoys, and the policy to see which pods are busy with long
+prompts: `on_change` hears of every cluster whose requests in flight per endpoint changed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Set
 from dataclasses import dataclass, field
 
 from envoy.config.core.v3 import base_pb2
@@ -58,6 +63,8 @@ class ClusterLoad:
     """One cluster in one Envoy's latest report."""
 
     in_progress: int
+    # Requests in flight per endpoint ("address:port"); endpoints with none are left out.
+    by_endpoint: Mapping[str, int]
     rates: Rates
     # The interval the report covers (Envoy's measured load_report_interval), in seconds.
     interval_s: float
@@ -72,8 +79,18 @@ class ClusterLoad:
         def rate(total: int) -> float:
             return total / interval if interval > 0 else 0.0
 
+        by_endpoint: dict[str, int] = {}
+        for locality in localities:
+            for endpoint in locality.upstream_endpoint_stats:
+                if endpoint.total_requests_in_progress:
+                    address = endpoint.address.socket_address
+                    key = f"{address.address}:{address.port_value}"
+                    by_endpoint[key] = (
+                        by_endpoint.get(key, 0) + endpoint.total_requests_in_progress
+                    )
         return cls(
             in_progress=sum(s.total_requests_in_progress for s in localities),
+            by_endpoint=by_endpoint,
             rates=Rates(
                 successful_per_s=rate(sum(s.total_successful_requests for s in localities)),
                 issued_per_s=rate(sum(s.total_issued_requests for s in localities)),
@@ -99,7 +116,9 @@ class LoadReports:
     """The latest load report of every connected Envoy, and sums over them.
 
     Mutable state: `_nodes` (stream id -> NodeLoad). Everything runs on one event loop; the
-    LRS streams (load_stats.py) call `open`, `report` and `close`.
+    LRS streams (load_stats.py) call `open`, `report` and `close`. `on_change` is called
+    with the clusters whose requests in flight per endpoint a report (or a closed stream)
+    changed.
     """
 
     def __init__(
@@ -108,10 +127,12 @@ class LoadReports:
         *,
         node_hash: NodeHash = by_node_cluster,
         clock: Clock = time.monotonic,
+        on_change: Callable[[Set[str]], None] | None = None,
     ) -> None:
         self._telemetry = telemetry
         self._node_hash = node_hash
         self._clock = clock
+        self._on_change = on_change
         self._nodes: dict[int, NodeLoad] = {}
         # Per cluster, over every report since the server started: [issued, dropped].
         self._totals: dict[str, list[int]] = {}
@@ -132,19 +153,31 @@ class LoadReports:
         if entry is None:
             return
         now = self._clock()
+        changed = set()
         for stats in clusters:
-            entry.clusters[stats.cluster_name] = ClusterLoad.of(stats, now=now)
+            load = ClusterLoad.of(stats, now=now)
+            previous = entry.clusters.get(stats.cluster_name)
+            if load.by_endpoint != (previous.by_endpoint if previous is not None else {}):
+                changed.add(stats.cluster_name)
+            entry.clusters[stats.cluster_name] = load
             totals = self._totals.setdefault(stats.cluster_name, [0, 0])
             totals[0] += sum(s.total_issued_requests for s in stats.upstream_locality_stats)
             # Requests the cluster refused: circuit-breaker overflow (and drop_overload).
             totals[1] += stats.total_dropped_requests
         entry.reports += 1
         self._telemetry.lrs_reports.inc()
+        self._changed(changed)
 
     def close(self, stream_id: int) -> None:
         """Forget the Envoy of stream `stream_id` (its stream closed)."""
-        if self._nodes.pop(stream_id, None) is not None:
+        entry = self._nodes.pop(stream_id, None)
+        if entry is not None:
             self._telemetry.lrs_streams.dec()
+            self._changed({name for name, load in entry.clusters.items() if load.by_endpoint})
+
+    def _changed(self, clusters: Set[str]) -> None:
+        if clusters and self._on_change is not None:
+            self._on_change(frozenset(clusters))
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -158,6 +191,15 @@ class LoadReports:
     def in_progress(self, cluster: str, *, group: str | None = None) -> int:
         """Requests in flight on `cluster` over the connected Envoys (of `group`; None: all)."""
         return sum(load.in_progress for load in self._loads(cluster, group))
+
+    def in_progress_by_endpoint(self, cluster: str, *, group: str | None = None) -> dict[str, int]:
+        """Requests in flight on `cluster` per endpoint ("address:port"), summed over the
+        connected Envoys (of `group`; None: all); endpoints with none are left out."""
+        total: dict[str, int] = {}
+        for load in self._loads(cluster, group):
+            for key, count in load.by_endpoint.items():
+                total[key] = total.get(key, 0) + count
+        return total
 
     def rates(self, cluster: str, *, group: str | None = None) -> Rates:
         """Request rates of `cluster`, summed over the connected Envoys (of `group`)."""
@@ -191,6 +233,7 @@ class LoadReports:
                 "clusters": {
                     name: {
                         "in_progress": load.in_progress,
+                        "in_progress_by_endpoint": dict(sorted(load.by_endpoint.items())),
                         "successful_per_s": load.rates.successful_per_s,
                         "issued_per_s": load.rates.issued_per_s,
                         "errors_per_s": load.rates.errors_per_s,

@@ -3,7 +3,8 @@
 Envoy opens one LRS stream to the server named by the bootstrap's
 `cluster_manager.load_stats_config` (this server, on the ADS port) and sends a first
 LoadStatsRequest carrying its node and no stats. The server answers once, with
-`send_all_clusters` and the interval it wants; Envoy then reports every cluster it knows
+`send_all_clusters`, `report_endpoint_granularity` (requests in flight per endpoint, not
+only per locality) and the interval it wants; Envoy then reports every cluster it knows
 each interval, for as long as the stream lives
 (https://www.envoyproxy.io/docs/envoy/latest/api-v3/service/load_stats/v3/lrs.proto).
 Envoy applies the interval as a timer in milliseconds, with no minimum of its own.
@@ -63,7 +64,7 @@ class LoadStatsStream:
                 lrs_pb2.LoadStatsResponse(
                     send_all_clusters=True,
                     load_reporting_interval=_duration(self._interval_s),
-                    report_endpoint_granularity=False,
+                    report_endpoint_granularity=True,
                 )
             ]
         self._reports.report(self.stream_id, list(request.cluster_stats))
