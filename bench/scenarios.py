@@ -170,10 +170,14 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             "bursty (4 identical pods, gamma arrivals cv 2.5 at 50% of capacity, 1.8x bursts;"
             " short chat and 0.8% 10k-24k-token documents)"
         )
-    elif name == "c":
+    elif name in ("c", "c96"):
         # Every group's first request on a pod misses; in one run's length that is about a
         # quarter of all requests. So c runs three times as long and its figures start after
         # the first third: a prefix cache serves a fleet for hours, not for 16 seconds.
+        # c96 is c with 96 groups instead of 32: their prefixes are 2.5x one pod's KV cache,
+        # so no pod can keep them all (in c every pod ends up holding all 32), while a
+        # quarter of them fits in each. That is where the hit rate can differ by policy.
+        groups = 32 if name == "c" else 96
         warmup_s = duration_s
         duration_s *= 3
         pods = _pods(h100=4)
@@ -197,10 +201,13 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             duration_s=duration_s,
             rate_per_s=0.8 * capacity,
             request_classes=classes,
-            prefix_groups=PrefixGroups(groups=32, prefix_words=2048, fraction=1.0),
+            prefix_groups=PrefixGroups(groups=groups, prefix_words=2048, fraction=1.0),
             model=MODEL,
         )
-        title = "shared prefixes (32 groups of a 2,048-token system prompt, 256-token questions)"
+        title = (
+            f"shared prefixes ({groups} groups of a 2,048-token system prompt,"
+            " 256-token questions)"
+        )
         session_affinity = True
     elif name == "d":
         pods = _pods(h100=4)
@@ -290,4 +297,4 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
     )
 
 
-SCENARIOS = ("a", "b", "c", "d", "e", "f")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "c96")

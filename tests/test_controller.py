@@ -111,7 +111,7 @@ class FakeLoad:
     def envoys(self) -> int:
         return self.count
 
-    def in_flight_by_endpoint(self, clusters):  # type: ignore[no-untyped-def]
+    def long_prompts_by_endpoint(self, clusters):  # type: ignore[no-untyped-def]
         total: dict[str, int] = {}
         for cluster in clusters:
             for key, count in self.by_endpoint.get(cluster, {}).items():

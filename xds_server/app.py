@@ -22,6 +22,7 @@ from xds_server.admin import AdminServer, make_admin_app
 from xds_server.band_telemetry import BandCollector
 from xds_server.config import Band, RoutingConfig
 from xds_server.controller import Controller
+from xds_server.envoy.listeners import LONG_PROMPT_LOG_INTERVAL_S
 from xds_server.errors import ConfigError, XdsServerError
 from xds_server.metrics import MetricsStore, Scraper, ScrapeTelemetry
 from xds_server.pod_telemetry import PodCollector
@@ -34,6 +35,7 @@ from xds_server.sources.kubernetes.events import EventRecorder
 from xds_server.sources.kubernetes.watch import KubernetesTelemetry
 from xds_server.sources.pod_metrics import PodMetricsSource
 from xds_server.telemetry import Telemetry
+from xds_server.xds.access_logs import AccessLogServer, PrefillingPrompts
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.load_reports import LoadReports
 from xds_server.xds.load_stats import LoadStatsServer
@@ -78,8 +80,8 @@ class ServerSettings:
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
     # How often Envoys send load reports (LRS): requests in flight and rates per cluster.
-    # Short, because the policy learns from them which pods just took a long prompt.
-    load_report_interval_s: float = 0.1
+    # Where a long prompt starts, the policy learns sooner from the access log (ALS).
+    load_report_interval_s: float = 0.25
 
 
 class _State(enum.Enum):
@@ -89,13 +91,15 @@ class _State(enum.Enum):
 
 
 class EnvoyLoad:
-    """The controller's LoadSource: what every connected Envoy reports over LRS.
+    """The controller's LoadSource: what every connected Envoy reports over LRS, and the
+    long prompts they log while those prefill (ALS).
 
     All Envoys count, whatever their node group: the pods' capacity is shared by all.
     """
 
-    def __init__(self, reports: LoadReports) -> None:
+    def __init__(self, reports: LoadReports, prompts: PrefillingPrompts) -> None:
         self._reports = reports
+        self._prompts = prompts
 
     def band_load(self, clusters: Mapping[Band, Sequence[str]]) -> BandLoad:
         rates = {band: [self._reports.rates(c) for c in cs] for band, cs in clusters.items()}
@@ -111,11 +115,21 @@ class EnvoyLoad:
     def envoys(self) -> int:
         return max(1, len(self._reports.nodes()))
 
-    def in_flight_by_endpoint(self, clusters: Sequence[str]) -> dict[str, int]:
+    def long_prompts_by_endpoint(self, clusters: Sequence[str]) -> dict[str, int]:
+        """From the Envoys that log long prompts, those still prefilling; from the others,
+        those in flight as their last load report says (it cannot tell prefill from
+        decode)."""
+        logging_nodes = self._prompts.nodes()
         total: dict[str, int] = {}
         for cluster in clusters:
-            for key, count in self._reports.in_progress_by_endpoint(cluster).items():
-                total[key] = total.get(key, 0) + count
+            counts = [self._prompts.prefilling(cluster)]
+            for node in self._reports.nodes():
+                load = node.clusters.get(cluster)
+                if node.node_id not in logging_nodes and load is not None:
+                    counts.append(dict(load.by_endpoint))
+            for count in counts:
+                for key, n in count.items():
+                    total[key] = total.get(key, 0) + n
         return total
 
 
@@ -130,6 +144,11 @@ class XdsApplication:
         self.load_reports = LoadReports(
             self.telemetry, on_change=lambda clusters: self.controller.load_changed(clusters)
         )
+        # A prefilling prompt not logged for 10 intervals lost its end with its stream.
+        self.long_prompts = PrefillingPrompts(
+            stale_s=10 * LONG_PROMPT_LOG_INTERVAL_S,
+            on_change=lambda clusters: self.controller.load_changed(clusters),
+        )
         scrape_telemetry = ScrapeTelemetry(self.telemetry.registry)
         self.scraper = Scraper(
             MetricsStore(),
@@ -142,7 +161,7 @@ class XdsApplication:
             cache=self.cache,
             telemetry=self.telemetry,
             signals=self.pods.signals,
-            load=EnvoyLoad(self.load_reports),
+            load=EnvoyLoad(self.load_reports, self.long_prompts),
         )
         self.telemetry.registry.register(PodCollector(self.pods, self.controller))
         self.telemetry.registry.register(BandCollector(self.controller, self.load_reports))
@@ -202,6 +221,9 @@ class XdsApplication:
                 AdsServer(cache=self.cache, registry=self.registry).generic_handler(),
                 LoadStatsServer(
                     reports=self.load_reports, interval_s=s.load_report_interval_s
+                ).generic_handler(),
+                AccessLogServer(
+                    prompts=self.long_prompts, telemetry=self.telemetry
                 ).generic_handler(),
             )
         )

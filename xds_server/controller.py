@@ -121,8 +121,8 @@ class SignalsSource(Protocol):
 
 
 class LoadSource(Protocol):
-    """What the Envoys report of the load they carry (LRS): for flow control, and the pods
-    busy with long prompts."""
+    """What the Envoys report of the load they carry (LRS, and their access log of long
+    prompts): for flow control, and the pods busy with long prompts."""
 
     def band_load(self, clusters: Mapping[Band, Sequence[str]]) -> BandLoad:
         """In-flight requests per band (summed over the band's `clusters` and every Envoy)
@@ -133,9 +133,10 @@ class LoadSource(Protocol):
         """How many Envoys share the limits (at least 1)."""
         ...
 
-    def in_flight_by_endpoint(self, clusters: Sequence[str]) -> Mapping[str, int]:
-        """Requests in flight per endpoint id ("address:port") on `clusters`, summed over
-        them and every Envoy; endpoints with none may be left out."""
+    def long_prompts_by_endpoint(self, clusters: Sequence[str]) -> Mapping[str, int]:
+        """Long prompts that may still hold their pod's GPU per endpoint id
+        ("address:port"), on `clusters` (which carry only long prompts), summed over them
+        and every Envoy; endpoints with none may be left out."""
         ...
 
 
@@ -185,8 +186,8 @@ class Controller:
     A config change is debounced (`updates.debounce_s` after the last change, at most
     `updates.max_delay_s` after the first); metrics changes are throttled (applied
     `debounce_s` after the first one, however many follow) so that a steady stream of
-    scrapes still reaches Envoy promptly; a long prompt starting or ending on a pod (load
-    reports) is applied at once. With GPU-aware pools the state is also re-scored
+    scrapes still reaches Envoy promptly; a long prompt starting or ending on a pod (access
+    log, load reports) is applied at once. With GPU-aware pools the state is also re-scored
     every scrape interval, so a pod whose metrics stop arriving goes stale on time.
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory
@@ -249,10 +250,10 @@ class Controller:
             self._schedule(extend=False)
 
     def load_changed(self, clusters: Set[str]) -> None:
-        """The Envoys' load reports changed the requests in flight per endpoint of
-        `clusters`. When they carry long prompts, re-score now, without debounce: a pod that
-        just took a long prefill should get no more short requests, and each fraction of a
-        second sends it more."""
+        """The Envoys' access log or load reports changed the requests in flight per endpoint
+        of `clusters`. When they carry long prompts, re-score now, without debounce: a pod
+        that just took a long prefill should get no more short requests, and each fraction
+        of a second sends it more."""
         config = self._config
         if config is None:
             return
@@ -318,7 +319,7 @@ class Controller:
                 pool,
                 settings=config.balancing,
                 signals=signals,
-                long_prompts=self._load.in_flight_by_endpoint(long_prompts)
+                long_prompts=self._load.long_prompts_by_endpoint(long_prompts)
                 if self._load is not None and long_prompts
                 else {},
                 memory=self._memory.get(pool.name, {}),

@@ -90,6 +90,18 @@ class Telemetry:
         self.lrs_reports = Counter(
             "xds_lrs_reports", "Load reports received from Envoys over LRS.", registry=r
         )
+        self.als_streams = Gauge(
+            "xds_als_streams",
+            "Access log (ALS) streams currently open: Envoys logging long prompts.",
+            registry=r,
+        )
+        self.als_entries = Counter(
+            "xds_als_entries",
+            "Upstream log entries of long prompts received, by type (UpstreamPoolReady: "
+            "started, UpstreamEnd: ended).",
+            ["type"],
+            registry=r,
+        )
         self._version_labels: dict[tuple[str, str], str] = {}
 
     def record_snapshot_version(self, *, group: str, type_name: str, version: str) -> None:

@@ -251,9 +251,12 @@ async def test_lora_adapters_spread_from_a_cold_start_and_stay_put(tmp_path: Pat
 
 async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: Path) -> None:
     """A request over `balancing.long_prompt_bytes` (32 KiB by default) goes to the pool's
-    long-prompt cluster. Within a load report the policy knows its pod and cuts that pod's
-    weight, so short requests go to the other pod while its prefill holds the GPU; when it
-    finishes, the weight comes back."""
+    long-prompt cluster. The policy learns its pod from the upstream access log as the
+    request starts (the load reports here come every 30 s, too late to tell) and cuts that
+    pod's weight, so short requests go to the other pod while its prefill holds the GPU;
+    when the log shows its first response bytes, the weight comes back, while it still
+    decodes (streamed: a non-streamed response sends its body only at the end, so its pod
+    stays cut until then)."""
     specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(2)]
     async with Fleet(specs, model="m") as fleet:
         config = RoutingConfig.model_validate(
@@ -273,12 +276,12 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
         path = tmp_path / "config.yaml"
         path.write_text(config.model_dump_json())
         async with (
-            run_local_gateway(path, config_poll_s=3600) as gateway,
+            run_local_gateway(path, config_poll_s=3600, load_report_interval_s=30.0) as gateway,
             aiohttp.ClientSession() as http,
         ):
 
             async def served_by(prompt: str, max_tokens: int) -> str:
-                body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens}
+                body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
                 async with http.post(f"{gateway.url}/v1/completions", json=body) as response:
                     assert response.status == 200, await response.text()
                     await response.read()
@@ -292,20 +295,21 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
                 return len(got) == 2 and got[0] == got[1]
 
             await eventually(equal, what="two equal weights")
-            # 12k words: about 2 s of prefill on this profile, then 40 tokens of decode.
-            long_prompt = asyncio.create_task(served_by("word " * 12_000, 40))
+            # 12k words: about 2 s of prefill on this profile, then 60 tokens of decode.
+            long_prompt = asyncio.create_task(served_by("word " * 12_000, 60))
 
             async def cut() -> bool:
                 low, high = await weights()
                 return low * 50 < high
 
-            await eventually(cut, within_s=1.0, what="the long prompt's pod cut")
+            await eventually(cut, within_s=0.5, what="the long prompt's pod cut")
             short = [await served_by("hello there", 1) for _ in range(6)]
             during = await pod_samples(gateway)
             assert not long_prompt.done(), "the long prompt finished too early to tell"
+            await eventually(equal, within_s=3.0, what="the weight back once prefill is over")
+            assert not long_prompt.done(), "the weight came back only once it finished"
             long_pod = await long_prompt
             stats = await gateway.envoy.get_stats("upstream_rq_total")
-            await eventually(equal, within_s=2.0, what="the weight back once it finished")
     assert set(short) == {"pod-0", "pod-1"} - {long_pod}, (short, long_pod)
     in_flight = {
         p.name: during[("xds_pod_long_prompts_in_flight", f"127.0.0.1:{p.port}")]
@@ -314,3 +318,8 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
     assert in_flight == {long_pod: 1, next(iter(set(short))): 0}
     assert stats["cluster.gpu/long.upstream_rq_total"] == 1
     assert stats["cluster.gpu.upstream_rq_total"] == 6
+    # Logged as it started, while it lasted, and as it ended; and only the long prompt.
+    entries = gateway.app.telemetry.registry.get_sample_value
+    assert entries("xds_als_entries_total", {"type": "UpstreamPoolReady"}) == 1
+    assert (entries("xds_als_entries_total", {"type": "UpstreamPeriodic"}) or 0) > 10
+    assert entries("xds_als_entries_total", {"type": "UpstreamEnd"}) == 1

@@ -48,6 +48,8 @@ async def test_in_flight_requests_and_rates_arrive_over_lrs(  # type: ignore[no-
         assert time.monotonic() - since < 1.5
         assert reports.in_progress(cluster, group="local") == 3
         assert reports.in_progress(cluster, group="elsewhere") == 0
+        # Per endpoint too (report_endpoint_granularity).
+        assert reports.in_progress_by_endpoint(cluster) == {f"{backend.host}:{backend.port}": 3}
         sample = gateway.app.telemetry.registry.get_sample_value(
             "xds_lrs_requests_in_progress", {"cluster": cluster}
         )
@@ -58,6 +60,7 @@ async def test_in_flight_requests_and_rates_arrive_over_lrs(  # type: ignore[no-
     assert statuses == [200, 200, 200]
 
     await eventually(lambda: reports.in_progress(cluster) == 0, what="0 in flight", within_s=2)
+    assert reports.in_progress_by_endpoint(cluster) == {}
 
     # Envoy 1.40 leaves a locality out of a report when the window issued no request and
     # has none in flight, dropping the successes that finished in it: the three above may

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+from envoy.extensions.access_loggers.grpc.v3 import als_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
@@ -13,10 +14,12 @@ from tests.envoy.static_bootstrap import hcm_of
 from xds_server.config import RoutingConfig
 from xds_server.envoy import build_listeners, names
 from xds_server.envoy.listeners import (
+    GRPC_ACCESS_LOG,
     HCM_FILTER,
     HEADER_MUTATION_FILTER,
     JSON_CONTENT_TYPES,
     JSON_TO_METADATA_FILTER,
+    LONG_PROMPT_LOG,
     ROUTER_FILTER,
 )
 
@@ -47,6 +50,42 @@ def test_filters_are_json_to_metadata_then_router(config: RoutingConfig) -> None
     hcm = hcm_of(build_listeners(config)[0])
     assert [f.name for f in hcm.http_filters] == [JSON_TO_METADATA_FILTER, ROUTER_FILTER]
     assert hcm.http_filters[1].typed_config.Unpack(router_pb2.Router())
+
+
+def _router(config: RoutingConfig) -> router_pb2.Router:
+    hcm = hcm_of(build_listeners(config)[0])
+    router = router_pb2.Router()
+    assert hcm.http_filters[-1].name == ROUTER_FILTER
+    assert hcm.http_filters[-1].typed_config.Unpack(router)
+    return router
+
+
+def test_the_router_logs_long_prompts_upstream_streams_to_this_server(
+    config: RoutingConfig,
+) -> None:
+    router = _router(config)
+    assert router.upstream_log_options.flush_upstream_log_on_upstream_stream
+    # And while it lasts: the first response bytes tell that its prefill is over.
+    assert router.upstream_log_options.upstream_log_flush_interval.ToMilliseconds() == 100
+    (log,) = router.upstream_log
+    assert log.name == GRPC_ACCESS_LOG
+    header = log.filter.header_filter.header
+    assert header.name == "content-length"
+    assert header.range_match.start == config.balancing.long_prompt_bytes
+    grpc_log = als_pb2.HttpGrpcAccessLogConfig()
+    assert log.typed_config.Unpack(grpc_log)
+    common = grpc_log.common_config
+    assert common.log_name == LONG_PROMPT_LOG
+    assert common.grpc_service.envoy_grpc.cluster_name == names.XDS_CLUSTER
+    assert common.transport_api_version == 2  # V3
+    # Unbatched: a start reaches the server as soon as it is logged.
+    assert common.HasField("buffer_size_bytes") and common.buffer_size_bytes.value == 0
+
+
+def test_without_a_long_prompt_lane_the_router_logs_nothing(config: RoutingConfig) -> None:
+    balancing = config.balancing.model_copy(update={"long_prompt_bytes": 0})
+    router = _router(config.model_copy(update={"balancing": balancing}))
+    assert router == router_pb2.Router()
 
 
 def test_json_to_metadata_always_writes_a_model(config: RoutingConfig) -> None:

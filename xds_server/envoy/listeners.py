@@ -16,7 +16,13 @@ One listener, one HTTP connection manager (HCM), and its HTTP filters:
    its own. The session routes give it one each (per-route config) that writes the body's
    session key into names.SESSION_HEADER for their hash policy (routes.py).
 3. `envoy.filters.http.router` forwards; responses are never buffered (no buffer or
-   compressor filter), so server-sent events reach the client chunk by chunk.
+   compressor filter), so server-sent events reach the client chunk by chunk. When a pool
+   has a long-prompt lane (config.lanes), its upstream log sends the upstream streams of
+   requests with a `content-length` of at least `balancing.long_prompt_bytes` to this
+   server over gRPC (ALS, log LONG_PROMPT_LOG, unbatched): when the stream to the pod is
+   established (`flush_upstream_log_on_upstream_stream`), every LONG_PROMPT_LOG_INTERVAL_S
+   while it lasts, and when it ends. The policy learns from it which pod just took a long
+   prompt, and when its prefill is over (xds/access_logs.py).
 
 Refusals Envoy makes itself get OpenAI-style JSON bodies (`local_reply_config`): 413 for a
 body over the limit, 503 when a pool has no healthy endpoint (response flag UH: no ready
@@ -35,8 +41,10 @@ from __future__ import annotations
 from typing import Any as _Any
 
 from envoy.config.accesslog.v3 import accesslog_pb2
-from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2, grpc_service_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2
+from envoy.extensions.access_loggers.grpc.v3 import als_pb2 as grpc_als_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
@@ -44,16 +52,20 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
 from envoy.type.matcher.v3 import regex_pb2
+from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from xds_server.config import RoutingConfig
 from xds_server.envoy import _errors, _protos, names
 
 __all__ = [
+    "GRPC_ACCESS_LOG",
     "HCM_FILTER",
     "HEADER_MUTATION_FILTER",
     "JSON_CONTENT_TYPES",
     "JSON_TO_METADATA_FILTER",
+    "LONG_PROMPT_LOG",
+    "LONG_PROMPT_LOG_INTERVAL_S",
     "RETRY_AFTER_HEADER",
     "ROUTER_FILTER",
     "build_http_connection_manager",
@@ -65,6 +77,12 @@ JSON_TO_METADATA_FILTER = "envoy.filters.http.json_to_metadata"
 # Present only when a pool has session affinity; the session routes configure it.
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
 ROUTER_FILTER = "envoy.filters.http.router"
+# The router's upstream log of long prompts: Envoy's gRPC access logger, its log name, and
+# how often a long prompt's stream is logged while it lasts (the end of its prefill is known
+# that much later; xds/access_logs.py reads the entries).
+GRPC_ACCESS_LOG = "envoy.access_loggers.http_grpc"
+LONG_PROMPT_LOG = "long_prompts"
+LONG_PROMPT_LOG_INTERVAL_S = 0.1
 
 # Set on the 429 of a full band (RFC 9110 10.2.3: delay in seconds).
 RETRY_AFTER_HEADER = "retry-after"
@@ -118,12 +136,17 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
         # The request-wide timeout is per route (routes.py); this one only resets streams
         # that go quiet in both directions, so a long generation that streams survives.
         stream_idle_timeout=_protos.duration(listen.stream_idle_timeout_s),
-        http_filters=_http_filters(sessions=any(p.session_affinity for p in config.pools)),
+        http_filters=_http_filters(
+            sessions=any(p.session_affinity for p in config.pools),
+            long_prompt_bytes=config.balancing.long_prompt_bytes
+            if any("long" in config.lanes(p) for p in config.pools)
+            else None,
+        ),
         local_reply_config=_local_replies(config),
     )
 
 
-def _http_filters(*, sessions: bool) -> list[_Any]:
+def _http_filters(*, sessions: bool, long_prompt_bytes: int | None) -> list[_Any]:
     filters = [
         hcm_pb2.HttpFilter(
             name=JSON_TO_METADATA_FILTER, typed_config=_protos.pack(_json_to_metadata(sessions))
@@ -137,10 +160,42 @@ def _http_filters(*, sessions: bool) -> list[_Any]:
                 typed_config=_protos.pack(header_mutation_pb2.HeaderMutation()),
             )
         )
-    filters.append(
-        hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_protos.pack(router_pb2.Router()))
-    )
+    router = router_pb2.Router()
+    if long_prompt_bytes is not None:
+        router.upstream_log.append(_long_prompt_log(long_prompt_bytes))
+        router.upstream_log_options.flush_upstream_log_on_upstream_stream = True
+        router.upstream_log_options.upstream_log_flush_interval.CopyFrom(
+            _protos.duration(LONG_PROMPT_LOG_INTERVAL_S)
+        )
+    filters.append(hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_protos.pack(router)))
     return filters
+
+
+def _long_prompt_log(long_prompt_bytes: int) -> _Any:
+    """The upstream log of long prompts, to this server over gRPC, one entry at a time."""
+    config = grpc_als_pb2.HttpGrpcAccessLogConfig(
+        common_config=grpc_als_pb2.CommonGrpcAccessLogConfig(
+            log_name=LONG_PROMPT_LOG,
+            grpc_service=grpc_service_pb2.GrpcService(
+                envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=names.XDS_CLUSTER)
+            ),
+            transport_api_version=config_source_pb2.V3,
+            # 0 turns batching off: each entry is sent as it is logged.
+            buffer_size_bytes=wrappers_pb2.UInt32Value(value=0),
+        )
+    )
+    return accesslog_pb2.AccessLog(
+        name=GRPC_ACCESS_LOG,
+        filter=accesslog_pb2.AccessLogFilter(
+            header_filter=accesslog_pb2.HeaderFilter(
+                header=route_components_pb2.HeaderMatcher(
+                    name="content-length",
+                    range_match=range_pb2.Int64Range(start=long_prompt_bytes, end=2**63 - 1),
+                )
+            )
+        ),
+        typed_config=_protos.pack(config),
+    )
 
 
 def _json_to_metadata(sessions: bool) -> _Any:

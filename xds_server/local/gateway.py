@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xds_server.app import KubernetesSettings, ServerSettings, XdsApplication
@@ -37,12 +37,14 @@ async def run_local_gateway(
     config_poll_s: float = 0.2,
     envoy_log_level: str = "warn",
     start_timeout_s: float = 20.0,
+    load_report_interval_s: float | None = None,
 ) -> AsyncIterator[LocalGateway]:
     """Start the server on `config_path` (or on Kubernetes, `kubernetes`) and an Envoy that
     takes its config from it.
 
     Returns once Envoy is LIVE with the listener bound (all on 127.0.0.1; the server's ports
-    and a listener port of 0 are chosen by the OS and read back).
+    and a listener port of 0 are chosen by the OS and read back). `load_report_interval_s`
+    overrides the server's LRS interval.
     """
     settings = ServerSettings(
         config_path=config_path,
@@ -51,6 +53,8 @@ async def run_local_gateway(
         admin_port=0,
         config_poll_s=config_poll_s,
     )
+    if load_report_interval_s is not None:
+        settings = replace(settings, load_report_interval_s=load_report_interval_s)
     async with XdsApplication(settings) as app:
         await app.wait_ready(within_s=start_timeout_s)
         bootstrap = render_bootstrap(

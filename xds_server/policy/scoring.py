@@ -35,16 +35,17 @@ with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off)
 
 Scores are smoothed (EWMA, `balancing.smoothing`), then multiplied by
 `balancing.long_prompt_weight_factor` (default 0.01) once per long prompt the pod has in
-flight: the Envoys' load reports say where each long prompt went (its own cluster, counted
-per endpoint) within a report interval, while metrics show its prefill only once requests
-queue behind it. The factor is not smoothed, and not remembered: it applies while the long
-prompt is in flight and not a moment longer. Then scores are scaled so the best pod gets
-MAX_WEIGHT; then quantized to a geometric ladder (steps of 15%) so that near-equal pods get
-exactly equal weights (Envoy then balances a uniform fleet by plain round robin) and small
-noise does not turn into EDS pushes or swings between Envoys. A pool with session
-affinity also gets ring weights, the capacity factor alone on the same ladder: consistent
-hashing sizes each pod's share of the keys by its weight, and keys that moved with load
-would lose their cached prefixes (envoy/clusters.py).
+flight: the Envoys' upstream access log says where each long prompt went as it starts, and
+their load reports (its own cluster, counted per endpoint) keep saying so while it runs,
+whereas metrics show its prefill only once requests queue behind it. The factor is not
+smoothed, and not remembered: it applies while the long prompt is in flight and not a
+moment longer. Then scores are scaled so the best pod gets MAX_WEIGHT, and quantized to a
+geometric ladder (steps of 15%) so that near-equal pods get exactly equal weights (Envoy
+then balances a uniform fleet by plain round robin) and small noise does not turn into
+EDS pushes or swings between Envoys. A pool with session affinity also gets ring weights,
+the capacity factor alone on the same ladder: consistent hashing sizes each pod's share of
+the keys by its weight, and keys that moved with load would lose their cached prefixes
+(envoy/clusters.py).
 
 Health: a pod whose last good metrics are older than `stale_after_s` is UNHEALTHY (out of
 rotation) until they resume; a pod being shut down is DRAINING. When every pod of a pool is

@@ -1,5 +1,6 @@
 """The xDS side: snapshot cache, protocol state machines (SotW, Delta), the gRPC ADS server,
-and the load reporting service (LRS) with its store of the Envoys' reports."""
+the load reporting service (LRS) with its store of the Envoys' reports, and the access log
+service (ALS) that tells where long prompts start."""
 
 from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
 from xds_server.xds.load_reports import LoadReports

@@ -1,0 +1,233 @@
+"""Long prompts while they prefill: Envoy's upstream access log over gRPC (ALS).
+
+The load reports (load_reports.py) say which pod has a long prompt in flight, but only once
+per report interval, and only "in flight": a short request sent to that pod waits behind
+the long prefill, not behind its decode. So the listener's router (envoy/listeners.py) also
+logs the upstream streams of long prompts, unbatched, to this server's
+`AccessLogService.StreamAccessLogs`
+(https://www.envoyproxy.io/docs/envoy/latest/api-v3/service/accesslog/v3/als.proto): when
+the stream to the pod is established (`access_log_type` UpstreamPoolReady,
+`flush_upstream_log_on_upstream_stream`), periodically while it lasts (UpstreamPeriodic,
+listeners.LONG_PROMPT_LOG_INTERVAL_S) and when it ends (UpstreamEnd). A model server sends
+its response headers at once and its first body bytes with the first token (vLLM's and
+the simulator's SSE streams), so a long prompt is prefilling from its start until its
+upstream stream has received body bytes. In an upstream log entry those are
+`request.request_body_bytes`: the entry is built from the upstream request's stream info,
+whose bytes *received* are the response's (checked on Envoy 1.40: 0 until the first token,
+then growing; its `response_body_bytes` is the prompt sent). The policy learns within
+milliseconds where a long prompt went, and within one log interval that its prefill is
+over.
+
+A log entry is not a callout: Envoy writes it on its own time, and no request waits for it.
+
+`PrefillingPrompts` keeps, per cluster and endpoint, the upstream streams still prefilling.
+One not heard of for `stale_s` is dropped (its end was lost with its stream), so a pod
+cannot stay marked for good. `AccessLogStream` is the protocol state machine of one stream
+(no I/O), as in load_stats.py; `AccessLogServer` only moves messages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Set
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.accesslog.v3 import als_pb2
+
+from xds_server.telemetry import Telemetry
+
+__all__ = [
+    "ALS_SERVICE",
+    "AccessLogServer",
+    "AccessLogStream",
+    "PrefillingPrompts",
+]
+
+logger = logging.getLogger(__name__)
+
+ALS_SERVICE = "envoy.service.accesslog.v3.AccessLogService"
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class _Stream:
+    """One upstream stream: the ALS stream it was logged on, and what tells it apart there.
+    Envoy 1.40 leaves `stream_id` empty in upstream logs, so that is the stream's start time
+    (ns), its upstream connection and its client's address: two requests on one
+    connection do not start in the same nanosecond."""
+
+    log_stream: int
+    start_ns: int
+    upstream_local: str
+    downstream_remote: str
+
+
+class PrefillingPrompts:
+    """Long prompts' upstream streams still prefilling, per (cluster, endpoint "address:port").
+
+    Mutable state: `_open` (cluster -> endpoint -> stream -> monotonic time last heard of)
+    and `_nodes` (ALS stream -> node id). Runs on the event loop; the ALS streams call
+    `open`, `logged` and `close`. `on_change` is called with the clusters whose prefilling
+    streams changed.
+    """
+
+    def __init__(
+        self,
+        *,
+        stale_s: float,
+        clock: Clock = time.monotonic,
+        on_change: Callable[[Set[str]], None] | None = None,
+    ) -> None:
+        self._stale_s = stale_s
+        self._clock = clock
+        self._on_change = on_change
+        self._open: dict[str, dict[str, dict[_Stream, float]]] = {}
+        self._nodes: dict[int, str] = {}
+
+    def open(self, log_stream: int, node_id: str) -> None:
+        """ALS stream `log_stream` of Envoy `node_id` started logging."""
+        self._nodes[log_stream] = node_id
+
+    def logged(self, log_stream: int, entry: accesslog_pb2.HTTPAccessLogEntry) -> None:
+        """Apply one upstream log entry: a stream starts or goes on prefilling, or its
+        prefill is over (body bytes received), or it ended."""
+        common = entry.common_properties
+        address = common.upstream_remote_address.socket_address
+        if not (common.upstream_cluster and address.address):
+            return
+        cluster = common.upstream_cluster
+        endpoint = f"{address.address}:{address.port_value}"
+        local = common.upstream_local_address.socket_address
+        client = common.downstream_remote_address.socket_address
+        stream = _Stream(
+            log_stream,
+            common.start_time.ToNanoseconds(),
+            f"{local.address}:{local.port_value}",
+            f"{client.address}:{client.port_value}",
+        )
+        streams = self._open.setdefault(cluster, {}).setdefault(endpoint, {})
+        answering = entry.request.request_body_bytes > 0
+        if common.access_log_type == accesslog_pb2.UpstreamEnd or answering:
+            known = streams.pop(stream, None) is not None
+        else:
+            known = stream in streams
+            streams[stream] = self._clock()
+        self._prune(cluster)
+        if known != (stream in streams):
+            self._changed({cluster})
+
+    def close(self, log_stream: int) -> None:
+        """Drop what ALS stream `log_stream` logged: its Envoy went away."""
+        self._nodes.pop(log_stream, None)
+        changed = set()
+        for cluster, endpoints in self._open.items():
+            for streams in endpoints.values():
+                for stream in [s for s in streams if s.log_stream == log_stream]:
+                    del streams[stream]
+                    changed.add(cluster)
+        for cluster in changed:
+            self._prune(cluster)
+        self._changed(changed)
+
+    def nodes(self) -> set[str]:
+        """The Envoys (node ids) logging now: their long prompts are known from here."""
+        return set(self._nodes.values())
+
+    def prefilling(self, cluster: str) -> dict[str, int]:
+        """Streams of `cluster` still prefilling, per endpoint (those not heard of for
+        `stale_s` are dropped)."""
+        since = self._clock() - self._stale_s
+        for streams in self._open.get(cluster, {}).values():
+            for stream in [s for s, at in streams.items() if at < since]:
+                del streams[stream]
+        self._prune(cluster)
+        return {endpoint: len(streams) for endpoint, streams in self._open.get(cluster, {}).items()}
+
+    def _prune(self, cluster: str) -> None:
+        """Forget the endpoints (and the cluster) left without open streams: pods come and
+        go, and their keys must not pile up."""
+        endpoints = self._open.get(cluster, {})
+        for endpoint in [e for e, streams in endpoints.items() if not streams]:
+            del endpoints[endpoint]
+        if not endpoints:
+            self._open.pop(cluster, None)
+
+    def _changed(self, clusters: Set[str]) -> None:
+        if clusters and self._on_change is not None:
+            self._on_change(frozenset(clusters))
+
+
+class AccessLogStream:
+    """The state of one ALS stream: the first message names the Envoy (and the log), each
+    message carries HTTP log entries, which go to `prompts`."""
+
+    def __init__(
+        self, *, stream_id: int, prompts: PrefillingPrompts, telemetry: Telemetry
+    ) -> None:
+        self.stream_id = stream_id
+        self._prompts = prompts
+        self._telemetry = telemetry
+        self.node_id: str | None = None
+
+    def receive(self, message: als_pb2.StreamAccessLogsMessage) -> None:
+        """Apply one message."""
+        if self.node_id is None:
+            self.node_id = message.identifier.node.id
+            self._prompts.open(self.stream_id, self.node_id)
+            logger.info(
+                "Node %r opened access log stream %d (log %r).",
+                self.node_id, self.stream_id, message.identifier.log_name,
+            )  # fmt: skip
+        for entry in message.http_logs.log_entry:
+            self._prompts.logged(self.stream_id, entry)
+            kind = accesslog_pb2.AccessLogType.Name(entry.common_properties.access_log_type)
+            self._telemetry.als_entries.labels(kind).inc()
+
+    def close(self) -> None:
+        self._prompts.close(self.stream_id)
+        if self.node_id is not None:
+            logger.info("Access log stream %d of node %r closed.", self.stream_id, self.node_id)
+
+
+class AccessLogServer:
+    """Serves ALS into a PrefillingPrompts store."""
+
+    def __init__(self, *, prompts: PrefillingPrompts, telemetry: Telemetry) -> None:
+        self._prompts = prompts
+        self._telemetry = telemetry
+        self._ids = itertools.count(1)
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            ALS_SERVICE,
+            {
+                "StreamAccessLogs": grpc.stream_unary_rpc_method_handler(
+                    self._stream,
+                    request_deserializer=als_pb2.StreamAccessLogsMessage.FromString,
+                    response_serializer=als_pb2.StreamAccessLogsResponse.SerializeToString,
+                )
+            },
+        )
+
+    async def _stream(
+        self,
+        messages: AsyncIterator[als_pb2.StreamAccessLogsMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> als_pb2.StreamAccessLogsResponse:
+        stream = AccessLogStream(
+            stream_id=next(self._ids), prompts=self._prompts, telemetry=self._telemetry
+        )
+        self._telemetry.als_streams.inc()
+        try:
+            async for message in messages:
+                stream.receive(message)
+        finally:
+            stream.close()
+            self._telemetry.als_streams.dec()
+        return als_pb2.StreamAccessLogsResponse()
