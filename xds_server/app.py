@@ -122,14 +122,12 @@ class EnvoyLoad:
         logging_nodes = self._prompts.nodes()
         total: dict[str, int] = {}
         for cluster in clusters:
-            counts = [self._prompts.prefilling(cluster)]
-            for node in self._reports.nodes():
-                load = node.clusters.get(cluster)
-                if node.node_id not in logging_nodes and load is not None:
-                    counts.append(dict(load.by_endpoint))
-            for count in counts:
-                for key, n in count.items():
-                    total[key] = total.get(key, 0) + n
+            for counts in (
+                self._prompts.prefilling(cluster),
+                self._reports.in_progress_by_endpoint(cluster, excluding=logging_nodes),
+            ):
+                for key, count in counts.items():
+                    total[key] = total.get(key, 0) + count
         return total
 
 

@@ -228,10 +228,10 @@ class BalancingConfig(_Strict):
     queue_slack: Annotated[int, Field(ge=0, le=1000)] = 1
     # Requests whose content-length is at least this many bytes carry a long prompt (0: no
     # long-prompt lane). In a GPU-aware pool they go to the pool's `<pool>/long` cluster,
-    # which the Envoys' load reports count apart, and while a pod has one in flight its
-    # weight is multiplied by `long_prompt_weight_factor` (once per long prompt): a long
-    # prefill holds the pod's token budget for seconds, and a short request sent there
-    # waits behind it. 32 KiB is about 8k tokens of English text in a JSON body.
+    # whose upstream streams Envoy logs to this server, and while one prefills on a pod
+    # that pod's weight is multiplied by `long_prompt_weight_factor` (once per long
+    # prompt): a long prefill holds the pod's token budget for seconds, and a short
+    # request sent there waits behind it. 32 KiB is about 8k tokens of English in JSON.
     long_prompt_bytes: Annotated[int, Field(ge=0)] = 32_768
     long_prompt_weight_factor: Annotated[float, Field(gt=0, le=1)] = 0.01
 

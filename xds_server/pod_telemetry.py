@@ -27,8 +27,9 @@ _FAMILIES = {
     "adapters": ("xds_pod_lora_adapters", "LoRA adapters the pod holds or is loading."),
     "weight": ("xds_pod_weight", "The EDS load-balancing weight sent to Envoy."),
     "long": (
-        "xds_pod_long_prompts_in_flight",
-        "Long prompts in flight on the pod (load reports); its weight is cut while they last.",
+        "xds_pod_long_prompts",
+        "Long prompts holding the pod: prefilling (access log), or in flight (load reports of"
+        " Envoys that do not log); its weight is cut while they last.",
     ),
     "healthy": ("xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0."),
     "age": ("xds_pod_metrics_age_seconds", "Age of the pod's last good metrics."),

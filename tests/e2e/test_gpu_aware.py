@@ -312,7 +312,7 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
             stats = await gateway.envoy.get_stats("upstream_rq_total")
     assert set(short) == {"pod-0", "pod-1"} - {long_pod}, (short, long_pod)
     in_flight = {
-        p.name: during[("xds_pod_long_prompts_in_flight", f"127.0.0.1:{p.port}")]
+        p.name: during[("xds_pod_long_prompts", f"127.0.0.1:{p.port}")]
         for p in fleet.pods
     }
     assert in_flight == {long_pod: 1, next(iter(set(short))): 0}

@@ -75,7 +75,7 @@ def test_queue_and_full_kv_cut_the_weight() -> None:
     assert got[B][0] == pytest.approx(MAX_WEIGHT * 0.0625, rel=0.15)  # (0.25)^2
 
 
-def test_a_pod_with_long_prompts_in_flight_is_cut_by_the_factor_per_prompt() -> None:
+def test_a_pod_holding_long_prompts_is_cut_by_the_factor_per_prompt() -> None:
     pods = {A: signals(), B: signals()}
     assert weights(pods, long_prompts={B: 1})[B][0] == pytest.approx(MAX_WEIGHT / 100, rel=0.15)
     assert weights(pods, long_prompts={B: 2})[B][0] == pytest.approx(MAX_WEIGHT / 1e4, rel=0.15)

@@ -181,6 +181,9 @@ def test_requests_in_flight_per_endpoint_are_summed_and_their_changes_told() -> 
     reports.report(2, [_by_endpoint("p/long", ("10.0.0.1", 8000, 2)), _by_endpoint("p")])
     assert reports.in_progress_by_endpoint("p/long") == {"10.0.0.1:8000": 3}
     assert reports.in_progress_by_endpoint("p/long", group="elsewhere") == {}
+    assert reports.in_progress_by_endpoint("p/long", excluding={"envoy-2"}) == {
+        "10.0.0.1:8000": 1
+    }
     assert reports.in_progress_by_endpoint("p") == {}
     # An endpoint with none in flight is not a change; a new report with the same counts
     # is not one either.

@@ -34,12 +34,12 @@ with the exponents c, q, k, r, p from `balancing.scorers` (0 turns a scorer off)
 - prefix_hit_rate: pods whose cache is serving hits (default exponent 0).
 
 Scores are smoothed (EWMA, `balancing.smoothing`), then multiplied by
-`balancing.long_prompt_weight_factor` (default 0.01) once per long prompt the pod has in
-flight: the Envoys' upstream access log says where each long prompt went as it starts, and
-their load reports (its own cluster, counted per endpoint) keep saying so while it runs,
-whereas metrics show its prefill only once requests queue behind it. The factor is not
-smoothed, and not remembered: it applies while the long prompt is in flight and not a
-moment longer. Then scores are scaled so the best pod gets MAX_WEIGHT, and quantized to a
+`balancing.long_prompt_weight_factor` (default 0.01) once per long prompt prefilling on the
+pod: the Envoys' upstream access log says where each long prompt went as it starts, and
+when its first token came (their load reports stand in for Envoys that do not log),
+whereas metrics show a prefill only once requests queue behind it. The factor is not
+smoothed, and not remembered: it applies while the long prompt prefills and not a moment
+longer. Then scores are scaled so the best pod gets MAX_WEIGHT, and quantized to a
 geometric ladder (steps of 15%) so that near-equal pods get exactly equal weights (Envoy
 then balances a uniform fleet by plain round robin) and small noise does not turn into
 EDS pushes or swings between Envoys. A pool with session affinity also gets ring weights,

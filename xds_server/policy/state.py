@@ -40,7 +40,7 @@ class EndpointState:
     # LoRA adapters the pod holds or is loading (endpoint metadata for subset routing).
     adapters: tuple[str, ...] = ()
     hardware: str | None = None
-    # Long prompts in flight on the pod, as the Envoys reported (its weight is cut for them).
+    # Long prompts holding the pod (prefilling, as the Envoys told): its weight is cut for them.
     long_prompts: int = 0
 
     @property

@@ -192,13 +192,20 @@ class LoadReports:
         """Requests in flight on `cluster` over the connected Envoys (of `group`; None: all)."""
         return sum(load.in_progress for load in self._loads(cluster, group))
 
-    def in_progress_by_endpoint(self, cluster: str, *, group: str | None = None) -> dict[str, int]:
+    def in_progress_by_endpoint(
+        self, cluster: str, *, group: str | None = None, excluding: Set[str] = frozenset()
+    ) -> dict[str, int]:
         """Requests in flight on `cluster` per endpoint ("address:port"), summed over the
-        connected Envoys (of `group`; None: all); endpoints with none are left out."""
+        connected Envoys (of `group`; None: all) but those whose node id is in `excluding`;
+        endpoints with none are left out."""
         total: dict[str, int] = {}
-        for load in self._loads(cluster, group):
-            for key, count in load.by_endpoint.items():
-                total[key] = total.get(key, 0) + count
+        for entry in self._nodes.values():
+            load = entry.clusters.get(cluster)
+            if load is None or entry.node_id in excluding:
+                continue
+            if group is None or entry.group == group:
+                for key, count in load.by_endpoint.items():
+                    total[key] = total.get(key, 0) + count
         return total
 
     def rates(self, cluster: str, *, group: str | None = None) -> Rates:
