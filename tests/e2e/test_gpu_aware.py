@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -63,6 +64,37 @@ async def hosts(gateway: LocalGateway) -> dict[int, tuple[int, str]]:
                 for h in status.get("host_statuses", [])
             }
     return {}
+
+
+def fleet_config(
+    tmp_path: Path,
+    fleet: Fleet,
+    balancing: dict[str, object],
+    *,
+    flow_control: dict[str, object] | None = None,
+    **pool: object,
+) -> Path:
+    """A config file with one GPU-aware pool `gpu` (model `m`, plus `pool` keys) over the
+    simulated `fleet`."""
+    config = RoutingConfig.model_validate(
+        {
+            "listener": {"address": "127.0.0.1", "port": 0},
+            "updates": {"debounce_s": 0.02},
+            "balancing": balancing,
+            "flow_control": flow_control or {},
+            "pools": [
+                {
+                    "name": "gpu",
+                    "models": ["m"],
+                    **pool,
+                    "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in fleet.pods],
+                }
+            ],
+        }
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(config.model_dump_json())
+    return path
 
 
 async def pod_samples(gateway: LocalGateway) -> dict[tuple[str, str], float]:
@@ -168,22 +200,7 @@ async def test_bias_zero_spaces_requests_round_robin_on_a_uniform_fleet(tmp_path
     robin (each new request to the next pod), not least request's random two choices."""
     specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(3)]
     async with Fleet(specs, model="m") as fleet:
-        config = RoutingConfig.model_validate(
-            {
-                "listener": {"address": "127.0.0.1", "port": 0},
-                "updates": {"debounce_s": 0.02},
-                "balancing": {"scrape_interval_s": 0.1, "active_request_bias": 0},
-                "pools": [
-                    {
-                        "name": "gpu",
-                        "models": ["m"],
-                        "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in fleet.pods],
-                    }
-                ],
-            }
-        )
-        path = tmp_path / "config.yaml"
-        path.write_text(config.model_dump_json())
+        path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.1, "active_request_bias": 0})
         async with run_local_gateway(path, config_poll_s=3600) as gateway:
 
             async def equal_weights() -> bool:
@@ -211,23 +228,7 @@ async def test_lora_adapters_spread_from_a_cold_start_and_stay_put(tmp_path: Pat
     profile = dataclasses.replace(H100, max_loras=1)
     specs = [PodSpec(name=f"pod-{i}", profile=profile, adapters=("a", "b")) for i in range(2)]
     async with Fleet(specs, model="m") as fleet:
-        config = RoutingConfig.model_validate(
-            {
-                "listener": {"address": "127.0.0.1", "port": 0},
-                "updates": {"debounce_s": 0.02},
-                "balancing": {"scrape_interval_s": 0.05},
-                "pools": [
-                    {
-                        "name": "gpu",
-                        "models": ["m"],
-                        "adapters": ["a", "b"],
-                        "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in fleet.pods],
-                    }
-                ],
-            }
-        )
-        path = tmp_path / "config.yaml"
-        path.write_text(config.model_dump_json())
+        path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.05}, adapters=["a", "b"])
         served: dict[str, list[str]] = {"a": [], "b": []}
         async with (
             run_local_gateway(path, config_poll_s=3600) as gateway,
@@ -259,22 +260,7 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
     stays cut until then)."""
     specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(2)]
     async with Fleet(specs, model="m") as fleet:
-        config = RoutingConfig.model_validate(
-            {
-                "listener": {"address": "127.0.0.1", "port": 0},
-                "updates": {"debounce_s": 0.02},
-                "balancing": {"scrape_interval_s": 0.1},
-                "pools": [
-                    {
-                        "name": "gpu",
-                        "models": ["m"],
-                        "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in fleet.pods],
-                    }
-                ],
-            }
-        )
-        path = tmp_path / "config.yaml"
-        path.write_text(config.model_dump_json())
+        path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.1})
         async with (
             run_local_gateway(path, config_poll_s=3600, load_report_interval_s=30.0) as gateway,
             aiohttp.ClientSession() as http,
@@ -323,3 +309,34 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
     assert entries("xds_als_entries_total", {"type": "UpstreamPoolReady"}) == 1
     assert (entries("xds_als_entries_total", {"type": "UpstreamPeriodic"}) or 0) > 10
     assert entries("xds_als_entries_total", {"type": "UpstreamEnd"}) == 1
+
+
+async def test_with_flow_control_a_long_prompt_is_admitted_by_its_bands_long_cluster(
+    tmp_path: Path,
+) -> None:
+    """With flow control, a long prompt goes to its band's long-prompt cluster
+    (`gpu/long/standard`), whose circuit breaker gets the band's limit over RTDS like the
+    band's other clusters: a long prompt is no way around admission."""
+    async with Fleet([PodSpec(name="pod-0", profile=H100)], model="m") as fleet:
+        path = fleet_config(
+            tmp_path, fleet, {"scrape_interval_s": 0.1}, flow_control={"enabled": True}
+        )
+        key = "circuit_breakers.gpu/long/standard.default.max_requests"
+        async with (
+            run_local_gateway(path, config_poll_s=3600) as gateway,
+            aiohttp.ClientSession() as http,
+        ):
+
+            async def limits() -> dict[str, str]:
+                entries = json.loads(await gateway.envoy.admin_get("/runtime"))["entries"]
+                return {k: v["final_value"] for k, v in entries.items() if k.endswith("requests")}
+
+            got = await eventually(limits, what="the band limits in Envoy's runtime")
+            body = {"model": "m", "prompt": "word " * 9_000, "max_tokens": 2, "stream": True}
+            async with http.post(f"{gateway.url}/v1/completions", json=body) as response:
+                assert response.status == 200, await response.text()
+                await response.read()
+            stats = await gateway.envoy.get_stats("upstream_rq_total")
+    assert got[key] == got["circuit_breakers.gpu/standard.default.max_requests"]
+    assert stats["cluster.gpu/long/standard.upstream_rq_total"] == 1
+    assert stats["cluster.gpu/standard.upstream_rq_total"] == 0

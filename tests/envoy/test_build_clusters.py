@@ -137,16 +137,14 @@ def test_panic_mode_is_off_on_every_cluster(affinity_config: RoutingConfig) -> N
         assert cluster.common_lb_config.healthy_panic_threshold.value == 0.0
 
 
+# The clusters of AFFINITY_YAML in order: `rr` balances by round robin, so it has no
+# metrics weights and no long-prompt lane.
+AFFINITY_CLUSTERS = ["llm", "llm/session", "llm/long", "rr", "plain", "plain/long"]
+
+
 def test_clusters_in_pool_order_with_session_clusters(affinity_config: RoutingConfig) -> None:
     clusters = build_clusters(affinity_config)
-    assert [c.name for c in clusters] == [
-        "llm",
-        "llm/session",
-        "llm/long",
-        "rr",
-        "plain",
-        "plain/long",
-    ]
+    assert [c.name for c in clusters] == AFFINITY_CLUSTERS
     # The session cluster has its own assignment: ring weights follow capacity, not load.
     assert [c.eds_cluster_config.service_name for c in clusters] == [
         "llm",
@@ -201,14 +199,7 @@ def test_every_cluster_has_its_assignment(affinity_config: RoutingConfig) -> Non
             ResourceType.ENDPOINT: build_endpoints(affinity_config),
         }
     )
-    assert snapshot.names(ResourceType.CLUSTER) == {
-        "llm",
-        "llm/session",
-        "llm/long",
-        "rr",
-        "plain",
-        "plain/long",
-    }
+    assert snapshot.names(ResourceType.CLUSTER) == set(AFFINITY_CLUSTERS)
     assert snapshot.names(ResourceType.ENDPOINT) == {"llm", "llm/session", "rr", "plain"}
 
 
