@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from xds_server.sim.fleet import Fleet, PodSpec
-from xds_server.sim.loadgen import RequestResult
-from xds_server.sim.loadgen.stats import percentile, ttft_sample
-from xds_server.sim.probe import saturation_probe
+from llm_sim.fleet import Fleet, PodSpec
+from llm_sim.loadgen import RequestResult
+from llm_sim.loadgen.stats import percentile, ttft_sample
+from llm_sim.probe import saturation_probe
 
 __all__ = ["Windows", "fleet_capacity_tokens_per_s", "overload_figures"]
 

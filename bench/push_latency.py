@@ -29,12 +29,12 @@ from typing import Any
 import yaml
 
 from xds_server.config import RoutingConfig
-from xds_server.controller import SnapshotBuilder
-from xds_server.local.backends import ExampleBackend
-from xds_server.local.gateway import LocalGateway, run_local_gateway
+from xds_server.snapshots import SnapshotBuilder
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.sotw import SotwStream
 from xds_server.xds.stream import Response
+from xds_testbed.backends import ExampleBackend
+from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 __all__ = ["main"]
 

@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import web
 
 from xds_server.config import RoutingConfig
-from xds_server.local.gateway import LocalGateway, run_local_gateway
+from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 __all__ = ["FakeVllmPod", "measure_reaction"]
 

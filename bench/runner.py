@@ -32,14 +32,14 @@ from typing import Any
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.reaction import measure_reaction
 from bench.scenarios import MODEL, Scenario, build_scenario
+from llm_sim.fleet import Fleet
+from llm_sim.loadgen import ReplayResult, generate_trace, run_replay_in_subprocess, summarize
+from llm_sim.loadgen.stats import ttft_sample
+from llm_sim.oracle import OracleRouter
 from xds_server.config import RoutingConfig
-from xds_server.local.gateway import LocalGateway, run_local_gateway
-from xds_server.sim.fleet import Fleet
-from xds_server.sim.loadgen import ReplayResult, generate_trace, run_replay_in_subprocess, summarize
-from xds_server.sim.loadgen.stats import ttft_sample
-from xds_server.sim.oracle import OracleRouter
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
+from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 __all__ = ["POLICIES", "RunOptions", "run_benchmark"]
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.overload import Windows
-from xds_server.sim.fleet import PodSpec
-from xds_server.sim.loadgen.trace import (
+from llm_sim.fleet import PodSpec
+from llm_sim.loadgen.trace import (
     BandMix,
     Burst,
     LogNormal,
@@ -25,7 +25,7 @@ from xds_server.sim.loadgen.trace import (
     RequestClass,
     TraceSpec,
 )
-from xds_server.sim.profiles import A10G, H100, nominal_capacity
+from llm_sim.profiles import A10G, H100, nominal_capacity
 
 __all__ = ["ADAPTERS", "MODEL", "SCENARIOS", "Scenario", "build_scenario", "fleet_capacity"]
 

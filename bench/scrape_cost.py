@@ -37,14 +37,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from llm_sim.engine import Engine, EngineRequest
+from llm_sim.metrics_text import Flavour, HttpStats, render_metrics
+from llm_sim.pod import SimulatedPod
+from llm_sim.profiles import H100
 from xds_server.metrics.engines import engine_adapter
 from xds_server.metrics.exposition import parse_samples
 from xds_server.metrics.scraper import Scraper, ScrapeTarget
 from xds_server.metrics.store import MetricsStore
-from xds_server.sim.engine import Engine, EngineRequest
-from xds_server.sim.metrics_text import Flavour, HttpStats, render_metrics
-from xds_server.sim.pod import SimulatedPod
-from xds_server.sim.profiles import H100
 
 __all__ = ["main", "synthetic_page"]
 

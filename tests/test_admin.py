@@ -9,7 +9,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.xds.conftest import RawClient
-from xds_server.app import ServerSettings, XdsApplication
+from xds_server.app import XdsApplication
+from xds_server.settings import ServerSettings
 from xds_server.xds.resources import ResourceType
 
 CONFIG = """

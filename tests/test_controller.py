@@ -1,4 +1,8 @@
-"""The controller: debouncing, EDS-only rebuilds, and keeping the last good snapshot."""
+"""The controller: debouncing, EDS-only rebuilds, and keeping the last good snapshot.
+
+Timing is on the event loop's clock, which these tests fast-forward (looptime): a sleep of
+0.3 s is 0.3 s of the controller's time however busy the machine is.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,14 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from xds_server.config import parse_config
-from xds_server.controller import Controller, SnapshotBuilder, band_clusters, long_prompt_clusters
+from xds_server.config import Band, RoutingConfig, parse_config
+from xds_server.controller import Controller, LoadSource
+from xds_server.envoy.names import band_clusters, long_prompt_clusters
 from xds_server.errors import ConfigError
 from xds_server.policy.admission import BandLoad
+from xds_server.policy.decision import FleetLoad, PoolLoad
 from xds_server.policy.scoring import MAX_WEIGHT, PodSignals
+from xds_server.snapshots import SnapshotBuilder
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.resources import ResourceType
@@ -52,6 +59,7 @@ def test_endpoint_only_change_rebuilds_only_endpoints() -> None:
     assert third.versions[ResourceType.CLUSTER] == second.versions[ResourceType.CLUSTER]
 
 
+@pytest.mark.looptime
 async def test_a_burst_of_changes_makes_one_snapshot(running) -> None:  # type: ignore[no-untyped-def]
     controller, cache, telemetry = running
     for weight in range(1, 11):
@@ -66,6 +74,7 @@ async def test_a_burst_of_changes_makes_one_snapshot(running) -> None:  # type: 
     assert cla.message.endpoints[0].lb_endpoints[0].load_balancing_weight.value == 10
 
 
+@pytest.mark.looptime
 async def test_max_delay_bounds_a_never_ending_burst(running) -> None:  # type: ignore[no-untyped-def]
     controller, _, telemetry = running
     loop = asyncio.get_running_loop()
@@ -79,6 +88,7 @@ async def test_max_delay_bounds_a_never_ending_burst(running) -> None:  # type: 
     assert loop.time() - started >= 0.25
 
 
+@pytest.mark.looptime
 async def test_rejected_config_keeps_the_last_good_snapshot(running) -> None:  # type: ignore[no-untyped-def]
     controller, cache, telemetry = running
     controller.submit(config(3))
@@ -93,30 +103,24 @@ async def test_rejected_config_keeps_the_last_good_snapshot(running) -> None:  #
 
 
 class FakeLoad:
-    """A LoadSource: fixed in-flight counts per band cluster, and a number of Envoys."""
+    """A LoadSource for the pool named "pool": in-flight counts per band, long prompts per
+    endpoint id, and a number of Envoys."""
 
-    def __init__(self, in_flight: dict[str, int], *, envoys: int = 1, rate: float = 2.0) -> None:
+    def __init__(self, in_flight: dict[Band, int], *, envoys: int = 1, rate: float = 2.0) -> None:
         self.in_flight = in_flight
         self.count = envoys
         self.rate = rate
-        # Per cluster: requests in flight per endpoint id.
-        self.by_endpoint: dict[str, dict[str, int]] = {}
+        self.long_prompts: dict[str, int] = {}
 
-    def band_load(self, clusters):  # type: ignore[no-untyped-def]
-        return BandLoad(
-            in_flight={b: sum(self.in_flight.get(c, 0) for c in cs) for b, cs in clusters.items()},
-            completions_per_s=self.rate,
+    def fleet_load(self, config: RoutingConfig) -> FleetLoad:
+        bands = BandLoad(in_flight=self.in_flight, completions_per_s=self.rate)
+        return FleetLoad(
+            pools={"pool": PoolLoad(bands=bands, long_prompts=self.long_prompts)},
+            envoys=self.count,
         )
 
-    def envoys(self) -> int:
-        return self.count
 
-    def long_prompts_by_endpoint(self, clusters):  # type: ignore[no-untyped-def]
-        total: dict[str, int] = {}
-        for cluster in clusters:
-            for key, count in self.by_endpoint.get(cluster, {}).items():
-                total[key] = total.get(key, 0) + count
-        return total
+_: type[LoadSource] = FakeLoad
 
 
 FLOW = """
@@ -132,9 +136,10 @@ pools:
 """
 
 
+@pytest.mark.looptime
 async def test_flow_control_sets_band_limits_over_rtds_and_retry_after_over_rds() -> None:
     telemetry, cache = Telemetry(), SnapshotCache()
-    load = FakeLoad({"pool/critical": 4, "pool/standard": 10}, envoys=2)
+    load = FakeLoad({"critical": 4, "standard": 10}, envoys=2)
     controller = Controller(cache=cache, telemetry=telemetry, load=load)
     task = asyncio.create_task(controller.run())
     try:
@@ -147,10 +152,10 @@ async def test_flow_control_sets_band_limits_over_rtds_and_retry_after_over_rds(
         assert layer["circuit_breakers.pool/standard.default.max_requests"] == 8
         assert layer["circuit_breakers.pool/sheddable.default.max_requests"] == 3
         assert layer["circuit_breakers.pool/critical.default.max_requests"] >= 1_000_000
-        assert controller.state.retry_after[("pool", "sheddable")] == 1
+        assert controller.decision.admissions["pool"].retry_after_s["sheddable"] == 1
 
         # The pool fills up: limits move over RTDS alone, Retry-After over RDS alone.
-        load.in_flight = {"pool/critical": 10, "pool/standard": 30}
+        load.in_flight = {"critical": 10, "standard": 30}
         await asyncio.sleep(0.3)
         second = controller.snapshot
         assert second is not None
@@ -158,7 +163,7 @@ async def test_flow_control_sets_band_limits_over_rtds_and_retry_after_over_rds(
         assert runtime.message.layer["circuit_breakers.pool/standard.default.max_requests"] == 5
         assert runtime.message.layer["circuit_breakers.pool/sheddable.default.max_requests"] == 0
         # 40 in flight for 20 places, 2 completions/s: 21 to finish first, about 10 s.
-        assert controller.state.retry_after[("pool", "sheddable")] == 12
+        assert controller.decision.admissions["pool"].retry_after_s["sheddable"] == 12
         assert second.versions[ResourceType.ROUTE] != first.versions[ResourceType.ROUTE]
         for kept in (ResourceType.CLUSTER, ResourceType.LISTENER, ResourceType.ENDPOINT):
             assert second.versions[kept] == first.versions[kept]
@@ -185,6 +190,7 @@ def _weights(snapshot) -> dict[str, int]:  # type: ignore[no-untyped-def]
     return weights
 
 
+@pytest.mark.looptime
 async def test_a_long_prompt_reported_in_flight_cuts_its_pods_weight_at_once() -> None:
     telemetry, cache = Telemetry(), SnapshotCache()
     load = FakeLoad({})
@@ -200,7 +206,7 @@ async def test_a_long_prompt_reported_in_flight_cuts_its_pods_weight_at_once() -
         assert _weights(first) == {"10.0.0.1:8000": MAX_WEIGHT, "10.0.0.2:8000": MAX_WEIGHT}
 
         # Another cluster's load changing is no reason to re-score.
-        load.by_endpoint = {"pool/long": {"10.0.0.2:8000": 1}}
+        load.long_prompts = {"10.0.0.2:8000": 1}
         controller.load_changed({"pool"})
         await asyncio.sleep(0.2)
         assert controller.snapshot is first
@@ -214,7 +220,7 @@ async def test_a_long_prompt_reported_in_flight_cuts_its_pods_weight_at_once() -
         assert weights["10.0.0.2:8000"] == pytest.approx(MAX_WEIGHT / 100, rel=0.15)
 
         # The long prompt finished: the weight is back as soon as that is reported.
-        load.by_endpoint = {}
+        load.long_prompts = {}
         controller.load_changed({"pool/long"})
         await asyncio.sleep(0.1)
         assert _weights(controller.snapshot) == _weights(first)

@@ -11,7 +11,7 @@ def test_demo_compares_policies_on_a_simulated_fleet() -> None:
     command = [
         sys.executable,
         "-m",
-        "xds_server",
+        "xds_testbed",
         "demo",
         "--port",
         "0",

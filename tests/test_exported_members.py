@@ -7,14 +7,25 @@ import pkgutil
 
 import pytest
 
+import llm_sim
 import xds_server
+import xds_testbed
 
 MODULES = sorted(
-    [xds_server.__name__]
-    + [m.name for m in pkgutil.walk_packages(xds_server.__path__, xds_server.__name__ + ".")]
+    name
+    for package in (xds_server, llm_sim, xds_testbed)
+    for name in [
+        package.__name__,
+        *(m.name for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")),
+    ]
 )
 # Entry points that only run; they export nothing.
-NO_EXPORTS = {"xds_server", "xds_server.__main__"}
+NO_EXPORTS = {
+    "xds_server",
+    "xds_server.__main__",
+    "llm_sim.loadgen.__main__",
+    "xds_testbed.__main__",
+}
 
 
 @pytest.mark.parametrize("module_name", [m for m in MODULES if m not in NO_EXPORTS])

@@ -35,8 +35,8 @@ import yaml
 from xds_server.cli import _parser
 from xds_server.config import RoutingConfig, parse_config
 from xds_server.envoy.bootstrap import render_bootstrap
-from xds_server.local.envoy_process import find_envoy
 from xds_server.sources.kubernetes import inventory
+from xds_testbed.envoy_process import find_envoy
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "k8s"

@@ -1,8 +1,9 @@
-"""The `xds-server` command: run, demo, bootstrap.
+"""The `xds-server` command: run, bootstrap.
 
 xds-server run --config FILE       serve a routing config to Envoys over ADS
-xds-server demo                    the local demo: server, real Envoy, simulated GPU pods
 xds-server bootstrap ...           print an Envoy bootstrap that points at this server
+
+The local demo is not part of the server: it is `xds-testbed demo` (testbed/).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def _configure_logging(level: str, fmt: str) -> None:
 async def _run(args: argparse.Namespace) -> None:
     if args.configmap is not None and not args.kubernetes:
         raise SystemExit("xds-server run: --configmap needs --kubernetes")
-    from xds_server.app import KubernetesSettings, ServerSettings, XdsApplication
+    from xds_server.app import XdsApplication
+    from xds_server.settings import KubernetesSettings, ServerSettings
 
     kubernetes = None
     if args.kubernetes:
@@ -115,18 +117,13 @@ def _bootstrap(args: argparse.Namespace) -> None:
         print(yaml.safe_dump(document, sort_keys=False), end="")
 
 
-async def _demo(args: argparse.Namespace) -> None:
-    from xds_server.demo import run_demo
-
-    await run_demo(listener_port=args.port, phase_s=args.phase_seconds, duration_s=args.duration)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xds-server", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
-        help="default: info for run, warning for demo (its live view is the output)",
+        default="info",
+        help="info: connects, disconnects, config changes and NACKs",
     )
     parser.add_argument("--log-format", default="text", choices=["text", "json"])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -161,18 +158,6 @@ def _parser() -> argparse.ArgumentParser:
         "--config-poll", type=float, default=1.0, help="seconds between config file checks"
     )
 
-    demo = commands.add_parser(
-        "demo", help="run the local demo: server, real Envoy, simulated GPU pods"
-    )
-    demo.add_argument("--port", type=int, default=8080, help="where Envoy accepts requests")
-    demo.add_argument("--phase-seconds", type=float, default=15.0, help="traffic per policy")
-    demo.add_argument(
-        "--duration",
-        type=float,
-        default=None,
-        help="after the comparison, serve this long (default: until Ctrl-C)",
-    )
-
     boot = commands.add_parser(
         "bootstrap", help="print an Envoy bootstrap that points at this server"
     )
@@ -188,15 +173,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    default_level = "warning" if args.command == "demo" else "info"
-    _configure_logging(args.log_level or default_level, args.log_format)
+    _configure_logging(args.log_level, args.log_format)
     if args.command == "bootstrap":
         _bootstrap(args)
         return 0
-    runner = _run if args.command == "run" else _demo
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(runner(args))
+            asyncio.run(_run(args))
     except (XdsServerError, OSError) as exc:
         logger.critical("%s Exiting.", exc, exc_info=isinstance(exc, XdsServerError))
         return 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.scenarios import build_scenario
-from xds_server.sim.loadgen.trace import generate_trace
+from llm_sim.loadgen.trace import generate_trace
 
 
 def test_bursty_documents_block_pods_yet_stay_under_one_percent_of_requests() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench.__main__ import main
 from bench.scenarios import build_scenario
-from xds_server.sim.loadgen.trace import Trace
+from llm_sim.loadgen.trace import Trace
 
 
 def test_scenario_c_runs_three_times_as_long_and_counts_from_the_end_of_its_warmup(

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 import yaml
 
-from xds_server.local.backends import BACKEND_ID_HEADER, ExampleBackend
-from xds_server.local.gateway import LocalGateway, run_local_gateway
+from xds_testbed.backends import BACKEND_ID_HEADER, ExampleBackend
+from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 
 class ConfigFile:

@@ -11,9 +11,9 @@ import aiohttp
 
 from tests.e2e.conftest import eventually
 from xds_server.envoy import names, render_bootstrap
-from xds_server.local.envoy_process import EnvoyProcess
-from xds_server.local.gateway import LocalGateway
 from xds_server.xds.resources import ResourceType
+from xds_testbed.envoy_process import EnvoyProcess
+from xds_testbed.gateway import LocalGateway
 
 CONCURRENCY = 2  # per pod; two pods: the pool's capacity is 4
 

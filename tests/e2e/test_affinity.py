@@ -28,11 +28,12 @@ import yaml
 from xds_server import envoy as builders
 from xds_server.config import RoutingConfig
 from xds_server.envoy import names
-from xds_server.local import BACKEND_ID_HEADER, ExampleBackend
-from xds_server.local.gateway import LocalGateway, run_local_gateway
-from xds_server.policy.state import DesiredState, EndpointState, Health, PoolState
+from xds_server.policy.decision import Decision
+from xds_server.policy.state import EndpointState, Health, PoolState
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
+from xds_testbed import BACKEND_ID_HEADER, ExampleBackend
+from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -69,7 +70,7 @@ class Stack:
             )
             for i, backend in enumerate(self.backends)
         )
-        state = DesiredState(
+        state = Decision(
             pools={name: PoolState(name=name, endpoints=endpoints) for name in ("llm", "plain")}
         )
         snapshot = Snapshot.build(

@@ -18,7 +18,7 @@ import aiohttp
 from tests.e2e.conftest import chat, served_by
 from xds_server.config import BANDS
 from xds_server.envoy import names
-from xds_server.local import EnvoyProcess
+from xds_testbed import EnvoyProcess
 
 OBJECTIVES = {"batch": -1, "chat": 0, "urgent": 5}
 BAND_HEADER = "x-gateway-inference-band"

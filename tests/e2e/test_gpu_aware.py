@@ -14,12 +14,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.reaction import FakeVllmPod
+from llm_sim.fleet import Fleet, PodSpec
+from llm_sim.pod import BACKEND_ID_HEADER
+from llm_sim.profiles import H100
 from tests.e2e.conftest import eventually
 from xds_server.config import RoutingConfig
-from xds_server.local.gateway import LocalGateway, run_local_gateway
-from xds_server.sim.fleet import Fleet, PodSpec
-from xds_server.sim.pod import BACKEND_ID_HEADER
-from xds_server.sim.profiles import H100
+from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.conftest import chat, eventually
 from xds_server.envoy import names, render_bootstrap
-from xds_server.local.envoy_process import EnvoyProcess
+from xds_testbed.envoy_process import EnvoyProcess
 
 
 def _free_port() -> int:

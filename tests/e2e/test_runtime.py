@@ -21,9 +21,9 @@ import yaml
 
 from tests.e2e.conftest import eventually
 from xds_server.envoy import build_runtime, names
-from xds_server.local.envoy_process import EnvoyProcess
-from xds_server.local.gateway import LocalGateway
 from xds_server.xds.resources import ResourceType
+from xds_testbed.envoy_process import EnvoyProcess
+from xds_testbed.gateway import LocalGateway
 
 POOL = "pool"
 CLUSTER = names.session_cluster_name(POOL)

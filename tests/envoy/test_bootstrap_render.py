@@ -16,7 +16,7 @@ from google.protobuf import json_format
 
 from xds_server.envoy import names, render_bootstrap
 from xds_server.envoy.bootstrap import MAX_DOWNSTREAM_CONNECTIONS
-from xds_server.local import EnvoyProcess
+from xds_testbed import EnvoyProcess
 
 CHECKED_IN = Path(__file__).parents[2] / "envoy" / "bootstrap.yaml"
 

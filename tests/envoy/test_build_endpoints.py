@@ -1,4 +1,4 @@
-"""ClusterLoadAssignments from the config, and from the policy's DesiredState."""
+"""ClusterLoadAssignments from the config, and from the policy's Decision."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from google.protobuf import json_format
 
 from xds_server.config import RoutingConfig
 from xds_server.envoy import build_endpoints, names
-from xds_server.policy.state import DesiredState, EndpointState, Health, PoolState
+from xds_server.errors import ResourceBuildError
+from xds_server.policy.decision import Decision
+from xds_server.policy.state import EndpointState, Health, PoolState
 
 
-def _state(pool: str, *endpoints: EndpointState) -> DesiredState:
-    return DesiredState(pools={pool: PoolState(name=pool, endpoints=endpoints)})
+def _state(pool: str, *endpoints: EndpointState) -> Decision:
+    return Decision(pools={pool: PoolState(name=pool, endpoints=endpoints)})
 
 
 def _endpoints(assignment: Any) -> list[dict[str, Any]]:
@@ -39,7 +41,7 @@ def _by_pool(assignments: list[Any]) -> dict[str, Any]:
 
 
 def test_without_state_the_config_endpoints_are_used(affinity_config: RoutingConfig) -> None:
-    assert build_endpoints(affinity_config) == build_endpoints(affinity_config, DesiredState())
+    assert build_endpoints(affinity_config) == build_endpoints(affinity_config, Decision())
     llm = _by_pool(build_endpoints(affinity_config))["llm"]
     # Config order, health left UNKNOWN (healthy to Envoy); adapters unknown: empty lists.
     assert _endpoints(llm) == [
@@ -182,16 +184,16 @@ def test_output_does_not_depend_on_the_state_order(affinity_config: RoutingConfi
 
 def test_an_endpoint_listed_twice_is_refused(affinity_config: RoutingConfig) -> None:
     twice = EndpointState(address="10.0.0.1", port=8000, weight=1)
-    with pytest.raises(ValueError, match=r"10\.0\.0\.1:8000 listed twice"):
+    with pytest.raises(ResourceBuildError, match=r"10\.0\.0\.1:8000 listed twice"):
         build_endpoints(affinity_config, _state("llm", twice, twice))
 
 
 def test_a_weight_below_one_is_refused(affinity_config: RoutingConfig) -> None:
     zero = EndpointState(address="10.0.0.1", port=8000, weight=0)
-    with pytest.raises(ValueError, match="weight 0"):
+    with pytest.raises(ResourceBuildError, match="weight 0"):
         build_endpoints(affinity_config, _state("llm", zero))
     no_ring = EndpointState(address="10.0.0.1", port=8000, weight=5, ring_weight=0)
-    with pytest.raises(ValueError, match="weight 0"):
+    with pytest.raises(ResourceBuildError, match="weight 0"):
         build_endpoints(affinity_config, _state("llm", no_ring))
 
 

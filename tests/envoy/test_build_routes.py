@@ -13,6 +13,7 @@ from xds_server.config import RoutingConfig, parse_config
 from xds_server.envoy import build_routes, names
 from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
 from xds_server.envoy.routes import MAX_SESSION_KEY_CHARS, SESSION_KEY_REGEX
+from xds_server.errors import ResourceBuildError
 
 
 def _routes(config: RoutingConfig) -> list[Any]:
@@ -184,13 +185,13 @@ def test_custom_model_header(config: RoutingConfig) -> None:
 @pytest.mark.parametrize("sentinel", sorted(names.SENTINELS))
 def test_a_model_named_like_a_sentinel_is_refused(config: RoutingConfig, sentinel: str) -> None:
     pool = config.pools[0].model_copy(update={"models": (*config.pools[0].models, sentinel)})
-    with pytest.raises(ValueError, match="reserved"):
+    with pytest.raises(ResourceBuildError, match="reserved"):
         build_routes(config.model_copy(update={"pools": (pool, *config.pools[1:])}))
 
 
 def test_a_model_name_that_cannot_be_a_header_value_is_refused(config: RoutingConfig) -> None:
     pool = config.pools[0].model_copy(update={"models": ("bad\nname",)})
-    with pytest.raises(ValueError, match="CR, LF or NUL"):
+    with pytest.raises(ResourceBuildError, match="CR, LF or NUL"):
         build_routes(config.model_copy(update={"pools": (pool, *config.pools[1:])}))
 
 
@@ -310,7 +311,7 @@ def test_an_adapter_named_like_a_sentinel_is_refused(
     pool = affinity_config.pools[0].model_construct(
         **{**dict(affinity_config.pools[0]), "adapters": (sentinel,)}
     )
-    with pytest.raises(ValueError, match="reserved"):
+    with pytest.raises(ResourceBuildError, match="reserved"):
         build_routes(affinity_config.model_copy(update={"pools": (pool,)}))
 
 

@@ -7,13 +7,30 @@ import math
 import pytest
 from google.protobuf import json_format
 
-from xds_server.config import RoutingConfig
-from xds_server.controller import SnapshotBuilder
+from xds_server.config import BANDS, RoutingConfig
 from xds_server.envoy import build_runtime, names
-from xds_server.policy.state import DesiredState
+from xds_server.envoy.routes import retry_after_of
+from xds_server.envoy.runtime import admission_layer
+from xds_server.errors import ResourceBuildError
+from xds_server.policy.admission import UNLIMITED, PoolAdmission
+from xds_server.policy.decision import Decision
+from xds_server.snapshots import SnapshotBuilder
 from xds_server.xds.resources import ResourceType
 
 LIMIT = "circuit_breakers.alpha/critical.default.max_requests"
+
+
+def _admission(standard: int, *, retry_after_s: int = 1) -> PoolAdmission:
+    return PoolAdmission(
+        capacity=10,
+        in_flight=dict.fromkeys(BANDS, 0),
+        max_requests={"critical": UNLIMITED, "standard": standard, "sheddable": 0},
+        retry_after_s=dict.fromkeys(BANDS, retry_after_s),
+    )
+
+
+def _limits(standard: int) -> Decision:
+    return Decision(admissions={"alpha": _admission(standard)})
 
 
 def test_one_layer_named_for_the_bootstrap_with_typed_values() -> None:
@@ -44,9 +61,9 @@ def test_the_same_values_serialize_the_same_in_any_order() -> None:
 @pytest.mark.parametrize(
     ("layer", "error"),
     [
-        ({"": 1}, ValueError),
-        ({"k": math.inf}, ValueError),
-        ({"k": math.nan}, ValueError),
+        ({"": 1}, ResourceBuildError),
+        ({"k": math.inf}, ResourceBuildError),
+        ({"k": math.nan}, ResourceBuildError),
         ({"k": None}, TypeError),
         ({"k": [1]}, TypeError),
     ],
@@ -58,9 +75,9 @@ def test_bad_values_are_refused(layer: dict[str, object], error: type[Exception]
 
 def test_a_runtime_only_change_rebuilds_only_rtds(config: RoutingConfig) -> None:
     builder = SnapshotBuilder()
-    first = builder.build(config, DesiredState(runtime={LIMIT: 4}))
+    first = builder.build(config, _limits(4))
     assert first.names(ResourceType.RUNTIME) == {names.RUNTIME_LAYER_NAME}
-    second = builder.build(config, DesiredState(runtime={LIMIT: 5}))
+    second = builder.build(config, _limits(5))
     for kept in (ResourceType.CLUSTER, ResourceType.ENDPOINT, ResourceType.LISTENER):
         assert second.resources[kept] is first.resources[kept]
     assert {t for t in ResourceType if first.versions[t] != second.versions[t]} == {
@@ -72,8 +89,35 @@ def test_a_runtime_only_change_rebuilds_only_rtds(config: RoutingConfig) -> None
         update={"pools": (alpha.model_copy(update={"endpoints": alpha.endpoints[:1]}),
                           *config.pools[1:])}
     )  # fmt: skip
-    third = builder.build(fewer, DesiredState(runtime={LIMIT: 5}))
+    third = builder.build(fewer, _limits(5))
     assert third.resources[ResourceType.RUNTIME] is second.resources[ResourceType.RUNTIME]
     assert {t for t in ResourceType if third.versions[t] != second.versions[t]} == {
         ResourceType.ENDPOINT
+    }
+
+
+def test_a_pools_admission_limits_every_band_cluster_of_every_lane(
+    affinity_config: RoutingConfig,
+) -> None:
+    # One limit per band, on each lane's band cluster (pool, session, long); pools the
+    # config does not have are left out.
+    admissions = {"llm": _admission(7), "gone": _admission(3)}
+    layer = admission_layer(affinity_config, admissions)
+    assert layer == {
+        f"circuit_breakers.{cluster}.default.max_requests": limit
+        for band, limit in (("critical", UNLIMITED), ("standard", 7), ("sheddable", 0))
+        for cluster in (f"llm/{band}", f"llm/session/{band}", f"llm/long/{band}")
+    }
+
+
+def test_a_retry_after_only_change_rebuilds_only_rds(config: RoutingConfig) -> None:
+    # Retry-After is a property of the band routes (route metadata the 429 prints).
+    flow = config.flow_control.model_copy(update={"enabled": True})
+    config = config.model_copy(update={"flow_control": flow})
+    builder = SnapshotBuilder()
+    first = builder.build(config, Decision(admissions={"alpha": _admission(4, retry_after_s=2)}))
+    second = builder.build(config, Decision(admissions={"alpha": _admission(4, retry_after_s=5)}))
+    assert retry_after_of({"alpha": _admission(4, retry_after_s=5)})[("alpha", "standard")] == 5
+    assert {t for t in ResourceType if first.versions[t] != second.versions[t]} == {
+        ResourceType.ROUTE
     }

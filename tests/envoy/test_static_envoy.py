@@ -22,7 +22,7 @@ import pytest_asyncio
 from tests.envoy.static_bootstrap import static_bootstrap
 from xds_server.config import RoutingConfig
 from xds_server.envoy import names
-from xds_server.local import BACKEND_ID_HEADER, EnvoyProcess, ExampleBackend
+from xds_testbed import BACKEND_ID_HEADER, EnvoyProcess, ExampleBackend
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from tests.k8s.apiserver import ApiServerDouble
 from xds_server.sources.kubernetes.client import api_client
 from xds_server.sources.kubernetes.events import EventRecorder, event_for
-from xds_server.sources.kubernetes.watch import KubernetesTelemetry
+from xds_server.telemetry.kubernetes import KubernetesTelemetry
 
 LOGGER = "xds_server.sources.kubernetes.events"
 

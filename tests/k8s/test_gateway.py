@@ -19,9 +19,9 @@ import yaml
 
 from tests.e2e.conftest import chat, eventually, served_by
 from tests.k8s.apiserver import ApiServerDouble
-from xds_server.app import KubernetesSettings
-from xds_server.local.backends import ExampleBackend
-from xds_server.local.gateway import LocalGateway, run_local_gateway
+from xds_server.settings import KubernetesSettings
+from xds_testbed.backends import ExampleBackend
+from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 NAMESPACE = "ml"
 CONFIGMAP = "xds-server-config"

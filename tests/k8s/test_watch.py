@@ -27,7 +27,8 @@ from xds_server.sources.kubernetes.client import (
     kubernetes_error,
     own_namespace,
 )
-from xds_server.sources.kubernetes.watch import KubernetesTelemetry, ResourceKind, ResourceWatcher
+from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher
+from xds_server.telemetry.kubernetes import KubernetesTelemetry
 
 LOGGER = "xds_server.sources.kubernetes.watch"
 PODS = ResourceKind(group="", version="v1", plural="pods", namespace="default")

@@ -7,10 +7,10 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from llm_sim.engine import Engine, EngineRequest, EngineState
+from llm_sim.metrics_text import Flavour, HttpStats, render_metrics
+from llm_sim.profiles import H100
 from xds_server.metrics.exposition import SUFFIXES, Sample
-from xds_server.sim.engine import Engine, EngineRequest, EngineState
-from xds_server.sim.metrics_text import Flavour, HttpStats, render_metrics
-from xds_server.sim.profiles import H100
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 ADAPTERS = ("sql-lora", "chat-lora")

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from xds_server.errors import ConfigError
+from llm_sim.metrics_text import Flavour
+from llm_sim.profiles import H100
+from xds_server.errors import ConfigError, MetricsParseError
 from xds_server.metrics.engines import (
     EngineKind,
     LogicalMetric,
@@ -14,10 +16,7 @@ from xds_server.metrics.engines import (
     PodMetrics,
     engine_adapter,
 )
-from xds_server.metrics.errors import MetricsParseError
 from xds_server.metrics.exposition import Sample
-from xds_server.sim.metrics_text import Flavour
-from xds_server.sim.profiles import H100
 
 from .pages import ADAPTERS, busy_engine, page
 

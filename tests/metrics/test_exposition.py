@@ -9,10 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.utils import floatToGoString
 
-from xds_server.errors import XdsServerError
-from xds_server.metrics.errors import MetricsParseError
+from llm_sim.metrics_text import Flavour
+from xds_server.errors import MetricsParseError, XdsServerError
 from xds_server.metrics.exposition import Sample, parse_samples
-from xds_server.sim.metrics_text import Flavour
 
 from .pages import belongs, busy_engine, comparable, page, reference_samples
 

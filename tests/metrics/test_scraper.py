@@ -14,13 +14,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from xds_server.errors import ConfigError
+from llm_sim.metrics_text import Flavour
+from llm_sim.pod import DEFAULT_MODEL, SimulatedPod
+from xds_server.errors import ConfigError, ScrapeErrorKind
 from xds_server.metrics.engines import PodMetrics
-from xds_server.metrics.errors import ScrapeErrorKind
 from xds_server.metrics.scraper import Scraper, ScraperState, ScrapeTarget
 from xds_server.metrics.store import ErrorStreak, MetricsStore
-from xds_server.sim.metrics_text import Flavour
-from xds_server.sim.pod import DEFAULT_MODEL, SimulatedPod
 
 LOGGER = "xds_server.metrics.scraper"
 

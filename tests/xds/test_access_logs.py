@@ -8,7 +8,8 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
 from google.protobuf import timestamp_pb2
 
-from xds_server.app import EnvoyLoad
+from xds_server.config import parse_config
+from xds_server.fleet_load import EnvoyLoad
 from xds_server.telemetry import Telemetry
 from xds_server.xds.access_logs import AccessLogStream, PrefillingPrompts
 from xds_server.xds.load_reports import LoadReports
@@ -62,7 +63,8 @@ START, PERIODIC, END = (
 
 def test_a_long_prompt_prefills_from_its_start_to_its_first_response_bytes() -> None:
     clock, changes = Clock(), []
-    prompts = PrefillingPrompts(stale_s=1.0, clock=clock, on_change=changes.append)
+    prompts = PrefillingPrompts(stale_s=1.0, clock=clock)
+    prompts.subscribe(changes.append)
     telemetry = Telemetry()
     stream = AccessLogStream(stream_id=1, prompts=prompts, telemetry=telemetry)
     stream.receive(message(entry(START, "a"), entry(START, "b"), entry(START, "c", port=8001)))
@@ -115,12 +117,19 @@ def test_the_policy_sees_prompts_logged_prefilling_and_reported_by_envoys_that_d
     stream = AccessLogStream(stream_id=1, prompts=prompts, telemetry=Telemetry())
     stream.receive(message(entry(START, "a"), entry(START, "b", port=8001)))
     stream.receive(message(entry(PERIODIC, "a", answered=200)))
-    load = EnvoyLoad(reports, prompts)
-    # Envoy 2 does not log: its reported request counts, prefilling or not.
-    assert load.long_prompts_by_endpoint(["p/long"]) == {"10.0.0.1:8001": 1, "10.0.0.1:8002": 1}
-    assert load.long_prompts_by_endpoint(["p/long", "q/long"]) == load.long_prompts_by_endpoint(
-        ["p/long"]
+    config = parse_config(
+        """
+        pools:
+          - {name: p, models: [m]}
+          - {name: q, models: [n]}
+        """
     )
+    fleet = EnvoyLoad(reports, prompts).fleet_load(config)
+    # Translated from cluster names once: `p/long` is pool p's long-prompt lane. Envoy 2
+    # does not log: its reported request counts, prefilling or not.
+    assert fleet.pools["p"].long_prompts == {"10.0.0.1:8001": 1, "10.0.0.1:8002": 1}
+    assert fleet.pools["q"].long_prompts == {}
+    assert fleet.envoys == 2
 
 
 def _reported(cluster: str, port: int, active: int) -> load_report_pb2.ClusterStats:

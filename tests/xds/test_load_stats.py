@@ -174,7 +174,8 @@ def _by_endpoint(cluster: str, *endpoints: tuple[str, int, int]) -> load_report_
 
 def test_requests_in_flight_per_endpoint_are_summed_and_their_changes_told() -> None:
     changes: list[set[str]] = []
-    reports = LoadReports(Telemetry(), on_change=lambda clusters: changes.append(set(clusters)))
+    reports = LoadReports(Telemetry())
+    reports.subscribe(lambda clusters: changes.append(set(clusters)))
     for stream in (1, 2):
         reports.open(stream, base_pb2.Node(id=f"envoy-{stream}", cluster="gateway"))
     reports.report(1, [_by_endpoint("p/long", ("10.0.0.1", 8000, 1), ("10.0.0.2", 8000, 0))])

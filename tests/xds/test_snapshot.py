@@ -27,7 +27,7 @@ def test_listener_without_route_config_is_inconsistent() -> None:
 
 
 def test_duplicate_names_are_refused() -> None:
-    with pytest.raises(ValueError, match="two CLUSTER resources are named 'a'"):
+    with pytest.raises(InconsistentSnapshotError, match="two CLUSTER resources are named 'a'"):
         Snapshot.build({ResourceType.CLUSTER: [fixtures.cluster("a"), fixtures.cluster("a")]})
 
 

@@ -1,4 +1,4 @@
-"""Pure: a RoutingConfig (and the policy's DesiredState) in, Envoy v3 resources out.
+"""Pure: a RoutingConfig (and the policy's Decision) in, Envoy v3 resources out.
 
 No I/O here, and nothing from the xDS server, grpc or aiohttp (import-linter checks
 it): the same config always gives the same messages, so they can be serialized once,

@@ -4,7 +4,7 @@ This is the resource the slow loop changes: weights and health from GPU metrics,
 LoRA adapters each pod holds. Clusters, listeners and routes depend only on the routing
 config, so a new desired state is an EDS-only push (no connection churn).
 
-A pool the policy decided on (present in `DesiredState.pools`) takes its endpoints from
+A pool the policy decided on (present in `Decision.pools`) takes its endpoints from
 there; any other pool takes them from the config, as written. Per endpoint:
 
 - `load_balancing_weight`: the weight (weighted round robin and least request read it),
@@ -37,7 +37,9 @@ from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-unty
 
 from xds_server.config import EndpointConfig, PoolConfig, RoutingConfig
 from xds_server.envoy import names
-from xds_server.policy.state import DesiredState, EndpointState, Health, PoolState
+from xds_server.errors import ResourceBuildError
+from xds_server.policy.decision import Decision
+from xds_server.policy.state import EndpointState, Health, PoolState
 
 __all__ = ["HEALTH_STATUS", "build_endpoints"]
 
@@ -49,18 +51,18 @@ HEALTH_STATUS: Mapping[Health, int] = {
 }
 
 
-def build_endpoints(config: RoutingConfig, state: DesiredState | None = None) -> list[_Any]:
+def build_endpoints(config: RoutingConfig, decision: Decision | None = None) -> list[_Any]:
     """One ClusterLoadAssignment per pool, in config order, named names.eds_service_name,
     followed for a pool with session affinity by its session assignment
     (names.session_eds_service_name: ring weights, clusters.py).
 
-    Pools in `state.pools` take their endpoints from the state; the others from `config`.
-    Pools of the state that the config does not have are ignored. A pool without endpoints
+    Pools in `decision.pools` take their endpoints from the decision; the others from `config`.
+    Pools of the decision that the config does not have are ignored. A pool without endpoints
     gets an empty assignment (how EDS says "none": the cluster finishes warming and answers
-    503 instead of waiting). Raises ValueError for a state that lists an endpoint twice or
+    503 instead of waiting). Raises ResourceBuildError for a state that lists an endpoint twice or
     gives a weight below 1 (Envoy would refuse the whole assignment).
     """
-    decided: Mapping[str, PoolState] = state.pools if state is not None else {}
+    decided: Mapping[str, PoolState] = decision.pools if decision is not None else {}
     assignments = []
     for pool in config.pools:
         pool_state = decided.get(pool.name)
@@ -89,12 +91,14 @@ def _checked(pool: str, endpoints: Iterable[EndpointState]) -> list[EndpointStat
     ordered = sorted(endpoints, key=lambda e: (e.address, e.port))
     for before, after in itertools.pairwise(ordered):
         if (before.address, before.port) == (after.address, after.port):
-            raise ValueError(f"pool {pool!r}: endpoint {after.address}:{after.port} listed twice")
+            raise ResourceBuildError(
+                f"pool {pool!r}: endpoint {after.address}:{after.port} listed twice"
+            )
     for endpoint in ordered:
         ring = endpoint.ring_weight if endpoint.ring_weight is not None else endpoint.weight
         weight = min(endpoint.weight, ring)
         if weight < 1:
-            raise ValueError(
+            raise ResourceBuildError(
                 f"pool {pool!r}: endpoint {endpoint.address}:{endpoint.port} has weight"
                 f" {weight}; EDS weights start at 1"
             )

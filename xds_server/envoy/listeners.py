@@ -56,7 +56,7 @@ from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from xds_server.config import RoutingConfig
-from xds_server.envoy import _errors, _protos, names
+from xds_server.envoy import _error_bodies, _protos, names
 
 __all__ = [
     "GRPC_ACCESS_LOG",
@@ -245,7 +245,7 @@ def _local_replies(config: RoutingConfig) -> _Any:
     # Replies Envoy makes itself are plain text by default; give clients the JSON error
     # shape of the routes' refusals for the two that this config makes likely. (The
     # routes' own direct responses match neither filter and keep their bodies.)
-    too_large = _errors.error_format(
+    too_large = _error_bodies.error_format(
         message=(
             f"The request body is larger than the gateway's limit of "
             f"{config.listener.max_request_bytes} bytes."
@@ -253,7 +253,7 @@ def _local_replies(config: RoutingConfig) -> _Any:
         code="request_too_large",
         param=None,
     )
-    no_endpoint = _errors.error_format(
+    no_endpoint = _error_bodies.error_format(
         message="No healthy endpoint is available for the requested model; retry later.",
         code="no_healthy_upstream",
         param=None,
@@ -286,7 +286,7 @@ def _band_full() -> _Any:
 
     band, pool = route_metadata(names.BAND_KEY), route_metadata(names.POOL_KEY)
     wait = route_metadata(names.RETRY_AFTER_KEY)
-    body = _errors.error_format(
+    body = _error_bodies.error_format(
         message=f"The {band} band of pool {pool} is full; retry after {wait} s.",
         code="rate_limit_exceeded",
         param=None,

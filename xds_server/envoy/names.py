@@ -20,7 +20,7 @@ load reports count them apart: each of these three kinds of cluster is a Lane.
 
 from __future__ import annotations
 
-from xds_server.config import Band, Lane
+from xds_server.config import BANDS, Band, Lane, PoolConfig, RoutingConfig
 
 __all__ = [
     "BAND_KEY",
@@ -51,9 +51,11 @@ __all__ = [
     "VIRTUAL_HOST_NAME",
     "XDS_CLUSTER",
     "band_cluster_name",
+    "band_clusters",
     "cluster_name",
     "eds_service_name",
     "lane_cluster_name",
+    "long_prompt_clusters",
     "session_cluster_name",
     "session_eds_service_name",
 ]
@@ -170,3 +172,18 @@ def band_cluster_name(pool: str, band: Band, lane: Lane = "pool") -> str:
     is the band's admission limit, runtime key
     `circuit_breakers.<this name>.default.max_requests`."""
     return f"{lane_cluster_name(pool, lane)}/{band}"
+
+
+def band_clusters(config: RoutingConfig, pool: PoolConfig) -> dict[Band, list[str]]:
+    """The clusters that admit each band of `pool` with flow control, one per lane."""
+    lanes = config.lanes(pool)
+    return {band: [band_cluster_name(pool.name, band, lane) for lane in lanes] for band in BANDS}
+
+
+def long_prompt_clusters(config: RoutingConfig, pool: PoolConfig) -> list[str]:
+    """The clusters that carry `pool`'s long prompts (none without a long-prompt lane)."""
+    if "long" not in config.lanes(pool):
+        return []
+    if config.flow_control.enabled:
+        return [band_cluster_name(pool.name, band, "long") for band in BANDS]
+    return [lane_cluster_name(pool.name, "long")]

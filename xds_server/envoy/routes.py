@@ -104,14 +104,17 @@ from xds_server.config import (
     PoolConfig,
     RoutingConfig,
 )
-from xds_server.envoy import _errors, _protos, names
+from xds_server.envoy import _error_bodies, _protos, names
 from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
+from xds_server.errors import ResourceBuildError
+from xds_server.policy.admission import PoolAdmission
 
 __all__ = [
     "MAX_ECHOED_MODEL_CHARS",
     "MAX_SESSION_KEY_CHARS",
     "SESSION_KEY_REGEX",
     "build_routes",
+    "retry_after_of",
 ]
 
 # Error messages echo the requested model, truncated to this many characters so a huge
@@ -145,7 +148,7 @@ def build_routes(
     `flow_control.retry_after_min_s`. Values are kept within the config's bounds. Used only
     when flow control is enabled.
 
-    Raises ValueError when a pool serves a model named like a sentinel (names.SENTINELS),
+    Raises ResourceBuildError when a pool serves a model named like a sentinel (names.SENTINELS),
     which the routes could not tell apart from a request without a model, or a model
     whose name cannot be a header value (Envoy would reject the whole route config).
     """
@@ -158,13 +161,15 @@ def build_routes(
     ]
     reserved = sorted(m for _, m, _ in served if m in names.SENTINELS)
     if reserved:
-        raise ValueError(f"model names reserved by the gateway: {', '.join(reserved)}")
+        raise ResourceBuildError(f"model names reserved by the gateway: {', '.join(reserved)}")
     unsendable = sorted(repr(m) for _, m, _ in served if _HEADER_UNSAFE.intersection(m))
     if unsendable:
-        raise ValueError(f"model names with CR, LF or NUL: {', '.join(unsendable)}")
+        raise ResourceBuildError(f"model names with CR, LF or NUL: {', '.join(unsendable)}")
     unsendable = sorted(repr(m) for m in rewrites if _HEADER_UNSAFE.intersection(m))
     if unsendable:
-        raise ValueError(f"rewritten model names with CR, LF or NUL: {', '.join(unsendable)}")
+        raise ResourceBuildError(
+            f"rewritten model names with CR, LF or NUL: {', '.join(unsendable)}"
+        )
     header = config.listener.model_header
     waits = _RetryAfter(config, retry_after or {})
     routes = []
@@ -221,6 +226,16 @@ def build_routes(
             validate_clusters=wrappers_pb2.BoolValue(value=False),
         )
     ]
+
+
+def retry_after_of(admissions: Mapping[str, PoolAdmission]) -> dict[tuple[str, Band], int]:
+    """The Retry-After seconds of each (pool, band) as the admissions decided them, in the
+    shape `build_routes` takes."""
+    return {
+        (pool, band): admission.retry_after_s[band]
+        for pool, admission in admissions.items()
+        for band in BANDS
+    }
 
 
 class _RetryAfter:
@@ -521,7 +536,7 @@ def _refusal(*, name: str, match: _Any, status: int, message: str, code: str) ->
         name=name,
         match=match,
         direct_response=rc_pb2.DirectResponseAction(
-            status=status, body_format=_errors.error_format(message=message, code=code)
+            status=status, body_format=_error_bodies.error_format(message=message, code=code)
         ),
     )
 

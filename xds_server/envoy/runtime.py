@@ -19,9 +19,35 @@ from collections.abc import Mapping
 from envoy.service.runtime.v3 import rtds_pb2
 from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ignore]
 
+from xds_server.config import BANDS, RoutingConfig
 from xds_server.envoy import names
+from xds_server.errors import ResourceBuildError
+from xds_server.policy.admission import PoolAdmission
 
-__all__ = ["build_runtime"]
+__all__ = ["admission_layer", "build_runtime", "max_requests_key"]
+
+
+def max_requests_key(cluster: str) -> str:
+    """The runtime key that overrides `cluster`'s circuit breaker limit (default priority)."""
+    return f"circuit_breakers.{cluster}.default.max_requests"
+
+
+def admission_layer(
+    config: RoutingConfig, admissions: Mapping[str, PoolAdmission]
+) -> dict[str, int]:
+    """The runtime keys that enforce each pool's admission: every band cluster of the pool
+    (one per lane, names.band_clusters) gets its band's per-Envoy limit. Pools of
+    `admissions` that the config does not have are ignored."""
+    layer: dict[str, int] = {}
+    for pool in config.pools:
+        admission = admissions.get(pool.name)
+        if admission is None:
+            continue
+        clusters = names.band_clusters(config, pool)
+        for band in BANDS:
+            for cluster in clusters[band]:
+                layer[max_requests_key(cluster)] = admission.max_requests[band]
+    return layer
 
 
 def build_runtime(layer: Mapping[str, float | int | str | bool]) -> list[rtds_pb2.Runtime]:
@@ -31,19 +57,21 @@ def build_runtime(layer: Mapping[str, float | int | str | bool]) -> list[rtds_pb
     so the same values always make the same bytes and the same version.
 
     Numbers become Struct numbers (Envoy reads an integral number as an integer key, such
-    as a circuit breaker limit). Raises ValueError for an empty key or a number that is not
+    as a circuit breaker limit). Raises ResourceBuildError for an empty key or a number that is not
     finite, and TypeError for a value of another type.
     """
     struct = struct_pb2.Struct()
     for key in sorted(layer):
         value = layer[key]
         if not key:
-            raise ValueError("a runtime key cannot be empty")
+            raise ResourceBuildError("a runtime key cannot be empty")
         if isinstance(value, bool | str):
             struct[key] = value
         elif isinstance(value, int | float):
             if not math.isfinite(value):
-                raise ValueError(f"runtime key {key!r} has a value that is not finite: {value}")
+                raise ResourceBuildError(
+                    f"runtime key {key!r} has a value that is not finite: {value}"
+                )
             struct[key] = value
         else:
             raise TypeError(

@@ -4,7 +4,7 @@
 fast (pure); `engines` turns them into one `PodMetrics` per engine flavour (vLLM, SGLang,
 TGI, Triton TensorRT-LLM, trtllm-serve; pure); `store` keeps the latest per pod, its age,
 its error streak and its prefix-cache hit rate (pure state); `scraper` fetches every pod's
-page on an interval into the store (the I/O); `telemetry` counts scrapes in Prometheus.
+page on an interval into the store (the I/O). Its errors are in `xds_server.errors`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,9 @@ from xds_server.metrics.engines import (
     PodMetrics,
     engine_adapter,
 )
-from xds_server.metrics.errors import (
-    MetricsError,
-    MetricsParseError,
-    ScrapeError,
-    ScrapeErrorKind,
-)
 from xds_server.metrics.exposition import Sample, parse_samples
 from xds_server.metrics.scraper import Scraper, ScraperState, ScrapeTarget
 from xds_server.metrics.store import ErrorStreak, MetricsStore, PodObservation
-from xds_server.metrics.telemetry import ScrapeTelemetry
 
 __all__ = [
     "EngineAdapter",
@@ -34,16 +27,11 @@ __all__ = [
     "ErrorStreak",
     "LogicalMetric",
     "MetricName",
-    "MetricsError",
-    "MetricsParseError",
     "MetricsStore",
     "PodMetrics",
     "PodObservation",
     "Sample",
-    "ScrapeError",
-    "ScrapeErrorKind",
     "ScrapeTarget",
-    "ScrapeTelemetry",
     "Scraper",
     "ScraperState",
     "engine_adapter",

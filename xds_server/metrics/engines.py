@@ -41,8 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from xds_server.errors import ConfigError
-from xds_server.metrics.errors import MetricsParseError
+from xds_server.errors import ConfigError, MetricsParseError
 from xds_server.metrics.exposition import Sample, parse_samples
 
 __all__ = [

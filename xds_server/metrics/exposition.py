@@ -42,7 +42,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
-from xds_server.metrics.errors import MetricsParseError
+from xds_server.errors import MetricsParseError
 
 __all__ = ["SUFFIXES", "Sample", "parse_samples"]
 

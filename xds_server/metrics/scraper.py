@@ -38,7 +38,6 @@ import asyncio
 import enum
 import logging
 import random
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
@@ -46,7 +45,8 @@ from types import MappingProxyType, TracebackType
 import aiohttp
 from yarl import URL
 
-from xds_server.errors import ConfigError
+from xds_server.clock import Clock, loop_clock
+from xds_server.errors import ConfigError, MetricsError, ScrapeError, ScrapeErrorKind
 from xds_server.metrics.engines import (
     EngineAdapter,
     EngineKind,
@@ -54,11 +54,9 @@ from xds_server.metrics.engines import (
     PodMetrics,
     engine_adapter,
 )
-from xds_server.metrics.errors import MetricsError, ScrapeError, ScrapeErrorKind
 from xds_server.metrics.store import ErrorStreak, MetricsStore
 
 __all__ = [
-    "Clock",
     "ErrorObserver",
     "ScrapeObserver",
     "ScrapeTarget",
@@ -76,8 +74,6 @@ ErrorObserver = Callable[[str, ScrapeErrorKind], None]
 ScrapeObserver = Callable[[str, float], None]
 """`observe_scrape(pod_id, duration_s)`: called after each successful scrape with the time
 it took (fetch and parse)."""
-Clock = Callable[[], float]
-"""Monotonic seconds; the store's `now` comes from it."""
 
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 _EMPTY_OVERRIDES: Overrides = MappingProxyType({})
@@ -128,7 +124,8 @@ class Scraper:
     take (connect, request, whole body); both may be changed while open. `max_connections`
     bounds the simultaneous requests, `max_backoff_s` the wait between retries of a failing
     pod (never less than `interval_s`), `max_page_bytes` the page size. `compress` asks for
-    gzip pages. `clock` gives the store's `now` (monotonic seconds). `seed` fixes the
+    gzip pages. `clock` gives the time of scrapes and of the store's `now` (the event loop's
+    by default: the same clock the scraper sleeps on). `seed` fixes the
     jitter. `_iterations` ends each pod's loop after that many scrapes (tests only; see
     `join`).
 
@@ -151,7 +148,7 @@ class Scraper:
         on_update: UpdateCallback | None = None,
         observe_error: ErrorObserver | None = None,
         observe_scrape: ScrapeObserver | None = None,
-        clock: Clock = time.monotonic,
+        clock: Clock = loop_clock,
         seed: int | None = None,
         _iterations: int | None = None,
     ) -> None:
@@ -316,16 +313,15 @@ class Scraper:
     # -- the loop ----------------------------------------------------------------------------
 
     async def _run(self, pod_id: str, target: ScrapeTarget) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._rng.uniform(0.0, self.interval_s)
+        deadline = self._clock() + self._rng.uniform(0.0, self.interval_s)
         attempts = 0
         while True:
-            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            await asyncio.sleep(max(0.0, deadline - self._clock()))
             streak = await self._scrape_and_record(pod_id, target)
             attempts += 1
             if self._iterations is not None and attempts >= self._iterations:
                 return
-            deadline = self._schedule(deadline, loop.time(), streak)
+            deadline = self._schedule(deadline, self._clock(), streak)
 
     def _schedule(self, deadline: float, now: float, streak: ErrorStreak | None) -> float:
         """When to scrape next, after a scrape due at `deadline` ended at `now`.

@@ -1,5 +1,29 @@
-"""Pure decisions: from config, pod metrics and time to what Envoy should hold."""
+"""Pure decisions: from config, pod signals and the Envoys' load to what Envoy should hold.
 
-from xds_server.policy.state import DesiredState, EndpointState, Health, PoolState
+`decide` (decision.py) is the whole policy; scoring.py, adapters.py and admission.py are
+its parts.
+"""
 
-__all__ = ["DesiredState", "EndpointState", "Health", "PoolState"]
+from xds_server.policy.decision import (
+    Decision,
+    DecisionInputs,
+    FleetLoad,
+    PolicyMemory,
+    PoolLoad,
+    PoolMemory,
+    decide,
+)
+from xds_server.policy.state import EndpointState, Health, PoolState
+
+__all__ = [
+    "Decision",
+    "DecisionInputs",
+    "EndpointState",
+    "FleetLoad",
+    "Health",
+    "PolicyMemory",
+    "PoolLoad",
+    "PoolMemory",
+    "PoolState",
+    "decide",
+]

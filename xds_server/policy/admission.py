@@ -71,7 +71,7 @@ class BandLoad:
 
     in_flight: Mapping[Band, int]
     # Requests of the pool completed per second, all bands together.
-    completions_per_s: float
+    completions_per_s: float = 0.0
     # Requests of each band sent to the pods per second (what a band takes between updates).
     issued_per_s: Mapping[Band, float] = field(default_factory=dict)
 

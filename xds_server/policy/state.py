@@ -1,22 +1,17 @@
-"""The desired state: what the policy decided Envoy should hold for every pool's endpoints.
+"""Endpoint states: what the policy decided Envoy should hold for each pool's endpoints.
 
-The policy (scoring.py) produces it from config, pod metrics and the time; the Envoy
-builders (xds_server/envoy) turn it into ClusterLoadAssignments. Frozen values, so a state
-can be compared with the last one and an unchanged pool costs nothing.
+The policy (scoring.py) produces them from config and pod metrics, as part of a Decision
+(decision.py); the Envoy builders (xds_server/envoy) turn them into
+ClusterLoadAssignments. Frozen values, so a state can be compared with the last one and an
+unchanged pool costs nothing.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from xds_server.config import Band
-    from xds_server.policy.admission import PoolAdmission
-
-__all__ = ["DesiredState", "EndpointState", "Health", "PoolState"]
+__all__ = ["EndpointState", "Health", "PoolState"]
 
 
 class Health(enum.Enum):
@@ -53,20 +48,3 @@ class EndpointState:
 class PoolState:
     name: str
     endpoints: tuple[EndpointState, ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True)
-class DesiredState:
-    """Endpoint state per pool name. A pool absent here takes its endpoints from config.
-
-    `runtime` holds the Envoy runtime keys the policy sets (for instance
-    `circuit_breakers.<cluster>.default.max_requests`), served over RTDS; a change to it
-    alone re-sends only the runtime layer.
-    """
-
-    pools: Mapping[str, PoolState] = field(default_factory=dict)
-    runtime: Mapping[str, float] = field(default_factory=dict)
-    # Flow control: the Retry-After of each (pool, band), a route property (RDS), and each
-    # pool's admission as decided (for metrics and /debug; nothing is built from it).
-    retry_after: Mapping[tuple[str, Band], int] = field(default_factory=dict)
-    admissions: Mapping[str, PoolAdmission] = field(default_factory=dict)

@@ -9,15 +9,15 @@ forever.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
+from xds_server.clock import Clock, loop_clock
 from xds_server.config import RoutingConfig
 from xds_server.metrics.scraper import Scraper, ScrapeTarget
 from xds_server.metrics.store import MetricsStore, PodObservation
 from xds_server.policy.scoring import PodSignals, endpoint_id
 
-__all__ = ["PodMetricsSource", "scrape_targets", "signals_of"]
+__all__ = ["PodMetricsSource", "follow_config", "scrape_targets", "signals_of"]
 
 
 def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
@@ -58,24 +58,23 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
     )
 
 
-class PodMetricsSource:
-    """The scraper and its store, following the routing config.
+def follow_config(scraper: Scraper, config: RoutingConfig) -> None:
+    """Make `scraper` scrape what `config` makes GPU-aware, at its interval; forget the rest."""
+    scraper.interval_s = config.balancing.scrape_interval_s
+    scraper.timeout_s = config.balancing.scrape_timeout_s
+    scraper.set_targets(scrape_targets(config))
 
-    Mutable state: the scraper's targets (changed by `follow`) and the store (by the
-    scraper). `signals` is the controller's SignalsSource.
+
+class PodMetricsSource:
+    """The pods' metrics as the policy and telemetry read them, from the scraper's store.
+
+    `signals` is the controller's SignalsSource, `observations` telemetry's. Ages are
+    measured on `clock`, which must be the scraper's.
     """
 
-    def __init__(self, scraper: Scraper, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.scraper = scraper
-        self.store: MetricsStore = scraper.store
+    def __init__(self, store: MetricsStore, *, clock: Clock = loop_clock) -> None:
+        self.store = store
         self._clock = clock
-
-    def follow(self, config: RoutingConfig) -> None:
-        """Scrape what `config` makes GPU-aware, at its interval; forget the rest."""
-        targets = scrape_targets(config)
-        self.scraper.interval_s = config.balancing.scrape_interval_s
-        self.scraper.timeout_s = config.balancing.scrape_timeout_s
-        self.scraper.set_targets(targets)
 
     def signals(self) -> Mapping[str, PodSignals]:
         snapshot = self.store.snapshot(self._clock())

@@ -39,6 +39,7 @@ import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
 
+from xds_server.clock import Clock
 from xds_server.telemetry import Telemetry
 
 __all__ = [
@@ -52,7 +53,6 @@ logger = logging.getLogger(__name__)
 
 ALS_SERVICE = "envoy.service.accesslog.v3.AccessLogService"
 
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -82,13 +82,17 @@ class PrefillingPrompts:
         *,
         stale_s: float,
         clock: Clock = time.monotonic,
-        on_change: Callable[[Set[str]], None] | None = None,
     ) -> None:
         self._stale_s = stale_s
         self._clock = clock
-        self._on_change = on_change
+        self._on_change: Callable[[Set[str]], None] | None = None
         self._open: dict[str, dict[str, dict[_Stream, float]]] = {}
         self._nodes: dict[int, str] = {}
+
+    def subscribe(self, on_change: Callable[[Set[str]], None]) -> None:
+        """Call `on_change` with the clusters whose figures changed, from now on (one
+        listener: the controller, which is built after this and reads it)."""
+        self._on_change = on_change
 
     def open(self, log_stream: int, node_id: str) -> None:
         """ALS stream `log_stream` of Envoy `node_id` started logging."""

@@ -34,12 +34,12 @@ from envoy.config.endpoint.v3 import load_report_pb2
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from xds_server.clock import Clock
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import NodeHash, by_node_cluster
 
 __all__ = ["ClusterLoad", "LoadReports", "NodeLoad", "Rates"]
 
-Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
@@ -127,18 +127,22 @@ class LoadReports:
         *,
         node_hash: NodeHash = by_node_cluster,
         clock: Clock = time.monotonic,
-        on_change: Callable[[Set[str]], None] | None = None,
     ) -> None:
         self._telemetry = telemetry
         self._node_hash = node_hash
         self._clock = clock
-        self._on_change = on_change
+        self._on_change: Callable[[Set[str]], None] | None = None
         self._nodes: dict[int, NodeLoad] = {}
         # Per cluster, over every report since the server started: [issued, dropped].
         self._totals: dict[str, list[int]] = {}
         telemetry.registry.register(_InProgressCollector(self))
 
     # -- updates (from the LRS streams) ----------------------------------------------------
+
+    def subscribe(self, on_change: Callable[[Set[str]], None]) -> None:
+        """Call `on_change` with the clusters whose figures changed, from now on (one
+        listener: the controller, which is built after this and reads it)."""
+        self._on_change = on_change
 
     def open(self, stream_id: int, node: base_pb2.Node) -> NodeLoad:
         """Start tracking the Envoy `node` on stream `stream_id`."""

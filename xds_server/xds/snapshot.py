@@ -82,12 +82,16 @@ class Resource:
 
 
 def _serialize(resource_type: ResourceType, messages: Iterable[Message]) -> Mapping[str, Resource]:
-    """`messages` serialized and keyed by name, in name order; a name used twice is a ValueError."""
+    """`messages` serialized and keyed by name, in name order.
+
+    Raises InconsistentSnapshotError for a name used twice."""
     named: dict[str, Resource] = {}
     for message in messages:
         resource = Resource.of(resource_type, message)
         if resource.name in named:
-            raise ValueError(f"two {resource_type.name} resources are named {resource.name!r}")
+            raise InconsistentSnapshotError(
+                f"two {resource_type.name} resources are named {resource.name!r}"
+            )
         named[resource.name] = resource
     return MappingProxyType(dict(sorted(named.items())))
 
@@ -106,7 +110,7 @@ class Snapshot:
     def build(cls, resources: Mapping[ResourceType, Iterable[Message]]) -> Snapshot:
         """Serialize `resources` and return a consistent snapshot.
 
-        Raises ValueError for a name used twice within a type and InconsistentSnapshotError
+        Raises InconsistentSnapshotError for a name used twice within a type, and
         for a reference to a resource the snapshot does not hold.
         """
         return cls.from_resources({t: _serialize(t, resources.get(t, ())) for t in ResourceType})

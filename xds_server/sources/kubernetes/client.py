@@ -32,12 +32,11 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from xds_server.errors import XdsServerError
+from xds_server.errors import KubernetesError
 
 __all__ = [
     "BlockingCall",
     "CallMarker",
-    "KubernetesError",
     "SERVICE_ACCOUNT_NAMESPACE",
     "api_client",
     "kubernetes_error",
@@ -48,20 +47,6 @@ logger = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 """Where a pod finds the namespace it runs in."""
-
-
-class KubernetesError(XdsServerError):
-    """A Kubernetes API call that failed, or an API client that cannot be set up.
-
-    `status` is the HTTP status (or the `code` of an ERROR watch event's Status) when the
-    API server answered, None when it could not be reached or nothing was asked of it;
-    `reason` is the Status reason (`NotFound`, `Expired`, ...) when there was one.
-    """
-
-    def __init__(self, message: str, *, status: int | None = None, reason: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
 
 
 def kubernetes_error(exc: BaseException, *, doing: str) -> KubernetesError:

@@ -20,7 +20,8 @@ import kubernetes
 from xds_server.config import RoutingConfig, parse_config
 from xds_server.errors import ConfigError
 from xds_server.sources.kubernetes.events import EventRecorder
-from xds_server.sources.kubernetes.watch import KubernetesTelemetry, ResourceKind, ResourceWatcher
+from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher
+from xds_server.telemetry.kubernetes import KubernetesTelemetry
 
 __all__ = ["CONFIG_KEY", "watch_configmap"]
 

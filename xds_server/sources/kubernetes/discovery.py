@@ -29,7 +29,8 @@ from xds_server.sources.kubernetes.inventory import (
     pod_watches,
     pools_with_selectors,
 )
-from xds_server.sources.kubernetes.watch import KubernetesTelemetry, ResourceKind, ResourceWatcher
+from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher
+from xds_server.telemetry.kubernetes import KubernetesTelemetry
 
 __all__ = ["INFERENCE_KINDS", "KubernetesDiscovery"]
 

@@ -46,18 +46,17 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 import kubernetes.client
-from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from xds_server.errors import KubernetesError
 from xds_server.sources.kubernetes.client import (
     BlockingCall,
     CallMarker,
-    KubernetesError,
     kubernetes_error,
 )
+from xds_server.telemetry.kubernetes import KubernetesTelemetry
 
 __all__ = [
     "ChangeCallback",
-    "KubernetesTelemetry",
     "ResourceKind",
     "ResourceWatcher",
     "WatchObserver",
@@ -99,66 +98,6 @@ class WatchObserver(Protocol):
     def observe_error(self, resource: str) -> None: ...
 
     def observe_objects(self, resource: str, count: int) -> None: ...
-
-
-class KubernetesTelemetry:
-    """The Kubernetes sources' metrics, in `registry` (the server's own, as in
-    `xds_server.telemetry`): the watchers' (`WatchObserver`) and the `EventRecorder`'s.
-
-    `resource` labels are plurals, qualified by group for custom resources
-    (`inferencepools.inference.networking.k8s.io`); two watchers of one resource (two
-    namespaces) share its series, and the objects gauge then shows the last one to change.
-    """
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.watch_events = Counter(
-            "xds_kubernetes_watch_events",
-            "Watch events received, by resource and type (ADDED, MODIFIED, DELETED, BOOKMARK).",
-            ["resource", "type"],
-            registry=registry,
-        )
-        self.relists = Counter(
-            "xds_kubernetes_relists",
-            "Full lists of a resource, by reason: initial, expired (a watch answered 410) or "
-            "error (after a failed list or watch).",
-            ["resource", "reason"],
-            registry=registry,
-        )
-        self.watch_errors = Counter(
-            "xds_kubernetes_watch_errors",
-            "Failed lists and watches (not counting 410 Expired, which only means list again).",
-            ["resource"],
-            registry=registry,
-        )
-        self.objects = Gauge(
-            "xds_kubernetes_objects",
-            "Objects of a resource currently known from list and watch.",
-            ["resource"],
-            registry=registry,
-        )
-        self.events_recorded = Counter(
-            "xds_kubernetes_events_recorded",
-            "Kubernetes Events this server tried to create, by result (ok, error).",
-            ["result"],
-            registry=registry,
-        )
-        for result in ("ok", "error"):
-            self.events_recorded.labels(result)
-
-    def observe_event(self, resource: str, event_type: str) -> None:
-        self.watch_events.labels(resource, event_type).inc()
-
-    def observe_relist(self, resource: str, reason: str) -> None:
-        self.relists.labels(resource, reason).inc()
-
-    def observe_error(self, resource: str) -> None:
-        self.watch_errors.labels(resource).inc()
-
-    def observe_objects(self, resource: str, count: int) -> None:
-        self.objects.labels(resource).set(count)
-
-    def observe_recorded(self, *, ok: bool) -> None:
-        self.events_recorded.labels("ok" if ok else "error").inc()
 
 
 @dataclass(frozen=True, kw_only=True)

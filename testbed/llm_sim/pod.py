@@ -1,0 +1,629 @@
+"""A simulated GPU model server: the pure engine behind a real HTTP server.
+
+Routing quality is measured end to end through a real Envoy, so a pod must be reachable
+like a vLLM pod: OpenAI-compatible completions (JSON or server-sent events), `/v1/models`,
+`/health` and a `/metrics` page in the flavour of the server it imitates. What happens
+behind the socket is `engine.Engine`, stepped by one asyncio task per pod:
+
+- The step loop sleeps to ABSOLUTE deadlines on the event loop's clock: step k+1 starts
+  exactly when step k ends. When the process falls behind (a busy event loop on a loaded
+  2-core machine), it does not sleep and runs the next steps back to back until it has
+  caught up, so capacity stays the profile's; the lag is accounted (`PodSnapshot`). A lag
+  larger than `max_catch_up_s` is dropped (the clock is re-anchored) rather than caught up
+  in a burst, and counted separately.
+- A step's tokens exist at its end: they are handed to the waiting HTTP handlers only when
+  the deadline passes. The first token of a request goes out at once (TTFT is exact);
+  later ones every `stream_interval` tokens, to bound the HTTP writes per second.
+- A client that disconnects is aborted in the engine (its KV blocks are freed), through
+  aiohttp's handler cancellation.
+
+`handle_completion` is the one path from a parsed request to a response; the pod's own
+handlers use it, and so does the oracle router, which calls it in-process for the pod it
+picked (no second HTTP hop). `state_snapshot()` is the exact state.
+
+Mutable state: `state`, `_streams` (request id -> delivery), `_failure` (why the step loop
+died, if it did: the pod then answers 503), the lag counters, `_http`,
+the engine (changed only by `add`/`abort` in handlers and `step` in the loop, all on the
+event loop's thread) and the aiohttp runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+from aiohttp import web
+
+from llm_sim.engine import Engine, EngineRequest, EngineState, StepOutcome
+from llm_sim.kv_cache import Token
+from llm_sim.metrics_text import Flavour, HttpStats, content_type, render_metrics
+from llm_sim.openai_api import (
+    BadRequestError,
+    CompletionRequest,
+    chunk_document,
+    completion_document,
+    error_document,
+    model_list_document,
+    parse_completion_request,
+    usage_chunk_document,
+)
+from llm_sim.profiles import H100, HardwareProfile
+
+__all__ = [
+    "BACKEND_ID_HEADER",
+    "DEFAULT_MODEL",
+    "PodSnapshot",
+    "PodState",
+    "SimulatedPod",
+    "error_response",
+]
+
+logger = logging.getLogger(__name__)
+
+BACKEND_ID_HEADER = "x-backend-id"
+DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+# Prompts can be large; aiohttp refuses bodies over 1 MiB by default.
+_MAX_BODY_BYTES = 64 << 20
+_SHUTDOWN_S = 0.2
+
+
+class PodState(enum.Enum):
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PodSnapshot:
+    """A pod's exact state at `time` (event-loop clock).
+
+    `lag_s_total` and `lag_s_max` measure how late step ends were delivered behind their
+    deadlines (caught up afterwards); `lag_s_dropped` is time lost to re-anchoring after a
+    stall longer than `max_catch_up_s` (capacity really lost). `in_flight` counts HTTP
+    completions being served.
+    """
+
+    name: str
+    profile: HardwareProfile
+    flavour: Flavour
+    model: str
+    adapters: tuple[str, ...]
+    time: float
+    engine: EngineState
+    in_flight: int
+    steps: int
+    lag_s_total: float
+    lag_s_max: float
+    lag_s_dropped: float
+
+
+class _Delivery:
+    """Tokens on their way from the step loop to one HTTP handler."""
+
+    __slots__ = ("broken", "finished", "interval", "pending", "produced", "wake")
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self.pending: list[str] = []
+        self.produced = 0
+        self.finished = False
+        self.broken = False  # the step loop died: no more tokens will come
+        self.wake = asyncio.Event()
+
+    def push(self, token: str, *, finished: bool) -> None:
+        self.pending.append(token)
+        self.produced += 1
+        if finished:
+            self.finished = True
+        if finished or self.produced == 1 or len(self.pending) >= self.interval:
+            self.wake.set()
+
+    def take(self) -> list[str]:
+        tokens, self.pending = self.pending, []
+        self.wake.clear()
+        return tokens
+
+    def break_off(self) -> None:
+        self.broken = True
+        self.wake.set()
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    code: str,
+    backend_id: str | None = None,
+    param: str | None = None,
+) -> web.Response:
+    """An OpenAI-style JSON error response."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    headers = {BACKEND_ID_HEADER: backend_id} if backend_id else None
+    return web.json_response(
+        error_document(message, type=kind, code=code, param=param), status=status, headers=headers
+    )
+
+
+class SimulatedPod:
+    """A simulated model server on 127.0.0.1 and a free port, as an async context manager.
+
+    `model` is the base model's name and `adapters` the LoRA adapters the pod serves (a
+    request names either); `flavour` picks the `/metrics` format; `stream_interval` is the
+    number of tokens per SSE chunk after the first; `default_max_tokens` applies when a
+    request sets no limit; `seed` fixes the output words.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        profile: HardwareProfile = H100,
+        model: str = DEFAULT_MODEL,
+        adapters: Sequence[str] = (),
+        flavour: Flavour = Flavour.VLLM,
+        stream_interval: int = 1,
+        default_max_tokens: int = 256,
+        seed: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_catch_up_s: float = 0.5,
+    ) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, not {stream_interval}.")
+        if adapters and profile.max_loras < 1:
+            raise ValueError(f"Pod {name}: profile {profile.name} has no LoRA slots.")
+        if model in adapters or len(set(adapters)) != len(adapters):
+            raise ValueError(f"Pod {name}: model and adapter names must be distinct.")
+        self.name = name
+        self.profile = profile
+        self.model = model
+        self.adapters = tuple(adapters)
+        self.flavour = flavour
+        self.stream_interval = stream_interval
+        self.default_max_tokens = default_max_tokens
+        self.max_catch_up_s = max_catch_up_s
+        self.state = PodState.UNOPENED
+        self._engine = Engine(profile, seed=seed)
+        self._host = host
+        self._port = port
+        self._bound_port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._work = asyncio.Event()
+        self._streams: dict[str, _Delivery] = {}
+        self._failure: BaseException | None = None
+        self._ids = itertools.count(1)
+        self._http = HttpStats()
+        self._steps = 0
+        self._lag_total = 0.0
+        self._lag_max = 0.0
+        self._lag_dropped = 0.0
+        self._created = int(time.time())
+
+    def __repr__(self) -> str:
+        return (
+            f"<SimulatedPod {self.name} {self.profile.name} state={self.state.value} "
+            f"port={self._bound_port} running={self._engine.num_running} "
+            f"waiting={self._engine.num_waiting}>"
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SimulatedPod:
+        if self.state is not PodState.UNOPENED:
+            raise RuntimeError(
+                f"Cannot start simulated pod {self.name}: it is {self.state.value}, and a pod "
+                "can be started only once."
+            )
+        self.state = PodState.OPEN
+        try:
+            await self._start()
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stop()
+
+    async def _start(self) -> None:
+        app = web.Application(client_max_size=_MAX_BODY_BYTES, middlewares=[self._observe])
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._text)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        # A stopped pod cuts its in-flight responses within `_SHUTDOWN_S`, like a killed one.
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            shutdown_timeout=_SHUTDOWN_S,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        self._bound_port = int(self._runner.addresses[0][1])
+        self._loop_task = asyncio.create_task(self._run(), name=f"sim-pod-{self.name}")
+        self._loop_task.add_done_callback(self._loop_done)
+        logger.info(
+            "Simulated pod %s (%s, %s) listening on %s:%d.",
+            self.name,
+            self.profile.name,
+            self.flavour.value,
+            self._host,
+            self._bound_port,
+        )
+
+    async def _stop(self) -> None:
+        if self.state is PodState.CLOSED:
+            return
+        self.state = PodState.CLOSED
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._runner is not None:
+            await asyncio.shield(self._runner.cleanup())
+
+    def _loop_done(self, task: asyncio.Task[None]) -> None:
+        """A step loop that dies fails its pod loudly: in-flight responses are cut off and
+        new requests get 503, rather than waiting forever for tokens."""
+        if task.cancelled() or self.state is PodState.CLOSED:
+            return
+        self._failure = task.exception()
+        logger.error(
+            "The step loop of simulated pod %s died; the pod now fails every request.",
+            self.name,
+            exc_info=self._failure,
+        )
+        for delivery in self._streams.values():
+            delivery.break_off()
+
+    def _require_open(self) -> None:
+        if self.state is not PodState.OPEN:
+            raise RuntimeError(
+                f"Simulated pod {self.name} is {self.state.value}; use it inside `async with`."
+            )
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        if self._bound_port is None:
+            raise RuntimeError(f"Simulated pod {self.name} has not been started; use `async with`.")
+        return self._bound_port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every model name a request may use here: the base model, then the adapters."""
+        return (self.model, *self.adapters)
+
+    def serves(self, model: str | None) -> bool:
+        return model is None or model == self.model or model in self.adapters
+
+    # -- the step loop -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self._engine
+        next_start: float | None = None
+        engine_time = -math.inf  # the engine's clock never goes backwards
+        idle_with_work = 0
+        while True:
+            if not engine.has_work():
+                self._work.clear()
+                await self._work.wait()
+                next_start = None
+            now = loop.time()
+            if next_start is None:
+                start = now
+            elif now - next_start > self.max_catch_up_s:
+                self._lag_dropped += now - next_start
+                start = now
+            else:
+                start = next_start
+            start = max(start, engine_time)
+            outcome = engine.step(start)
+            engine_time = outcome.end
+            if outcome.idle:
+                # Only requests that arrived after `start` (we were catching up): start the
+                # next step from the present.
+                next_start = None
+                idle_with_work += 1
+                await asyncio.sleep(0 if idle_with_work < 2 else 0.001)
+                continue
+            idle_with_work = 0
+            self._steps += 1
+            deadline = outcome.end
+            if deadline > loop.time():
+                await _sleep_until(loop, deadline)
+            else:
+                await asyncio.sleep(0)  # behind: no sleep, but let the handlers write
+            lag = loop.time() - deadline
+            if lag > 0:
+                self._lag_total += lag
+                self._lag_max = max(self._lag_max, lag)
+            self._deliver(outcome)
+            next_start = deadline
+
+    def _deliver(self, outcome: StepOutcome) -> None:
+        finished = set(outcome.finished)
+        streams = self._streams
+        for request_id, token in outcome.tokens.items():
+            delivery = streams.get(request_id)
+            if delivery is not None:
+                delivery.push(token, finished=request_id in finished)
+
+    # -- completions ------------------------------------------------------------------------
+
+    def _resolve(self, model: str | None) -> tuple[str, str | None]:
+        """(model name to answer with, adapter or None); KeyError if not served."""
+        if model is None or model == self.model:
+            return self.model, None
+        if model in self.adapters:
+            return model, model
+        raise KeyError(model)
+
+    async def handle_completion(
+        self, http_request: web.Request, request: CompletionRequest
+    ) -> web.StreamResponse:
+        """Serve a parsed completion request on `http_request`'s connection.
+
+        Returns the response (already sent when streaming). Unknown model: 404; a request
+        the engine refuses (too long for the KV cache): 400. The response names this pod
+        in `x-backend-id`.
+        """
+        self._require_open()
+        if self._failure is not None:
+            return error_response(
+                503,
+                f"Simulated pod {self.name} is broken: its engine loop died.",
+                code="engine_dead",
+                backend_id=self.name,
+            )
+        try:
+            model, adapter = self._resolve(request.model)
+        except KeyError:
+            return error_response(
+                404,
+                f"The model `{request.model}` does not exist.",
+                code="model_not_found",
+                param="model",
+                backend_id=self.name,
+            )
+        loop = asyncio.get_running_loop()
+        request_id = f"{'chatcmpl' if request.chat else 'cmpl'}-{self.name}-{next(self._ids)}"
+        max_tokens = request.max_tokens or self.default_max_tokens
+        try:
+            self._engine.add(
+                EngineRequest(
+                    request_id=request_id,
+                    prompt=request.prompt,
+                    max_tokens=max_tokens,
+                    adapter=adapter,
+                    arrival=loop.time(),
+                )
+            )
+        except ValueError as exc:
+            return error_response(400, str(exc), code="invalid_request", backend_id=self.name)
+        delivery = _Delivery(self.stream_interval if request.stream else max_tokens + 1)
+        self._streams[request_id] = delivery
+        self._work.set()
+        try:
+            if request.stream:
+                return await self._stream(http_request, request, request_id, model, delivery)
+            tokens: list[str] = []
+            while not delivery.finished:
+                await delivery.wake.wait()
+                tokens.extend(delivery.take())
+                if delivery.broken:
+                    return error_response(
+                        503, "The engine loop died.", code="engine_dead", backend_id=self.name
+                    )
+            tokens.extend(delivery.take())
+            document = completion_document(
+                request_id=request_id,
+                created=int(time.time()),
+                model=model,
+                chat=request.chat,
+                text=" ".join(tokens),
+                finish_reason="length",
+                prompt_tokens=len(request.prompt),
+                completion_tokens=len(tokens),
+            )
+            return web.json_response(
+                document, headers={BACKEND_ID_HEADER: self.name}, dumps=_compact_dumps
+            )
+        finally:
+            del self._streams[request_id]
+            if not delivery.finished and self._engine.abort(request_id):
+                logger.debug("Pod %s aborted %s: the client went away.", self.name, request_id)
+
+    async def _stream(
+        self,
+        http_request: web.Request,
+        request: CompletionRequest,
+        request_id: str,
+        model: str,
+        delivery: _Delivery,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                BACKEND_ID_HEADER: self.name,
+            }
+        )
+        await response.prepare(http_request)
+        created = int(time.time())
+        first = True
+        try:
+            while True:
+                await delivery.wake.wait()
+                tokens = delivery.take()
+                done = delivery.finished
+                if delivery.broken and not done:
+                    # Cut the stream off mid-response, as a crashed server would.
+                    if http_request.transport is not None:
+                        http_request.transport.abort()
+                    return response
+                text = " ".join(tokens) if first else " " + " ".join(tokens)
+                payload = chunk_document(
+                    request_id=request_id,
+                    created=created,
+                    model=model,
+                    chat=request.chat,
+                    text=text,
+                    first=first,
+                    finish_reason="length" if done else None,
+                )
+                first = False
+                await response.write(b"data: " + payload.encode() + b"\n\n")
+                if done:
+                    break
+            if request.include_usage:
+                usage = usage_chunk_document(
+                    request_id=request_id,
+                    created=created,
+                    model=model,
+                    chat=request.chat,
+                    prompt_tokens=len(request.prompt),
+                    completion_tokens=delivery.produced,
+                )
+                await response.write(b"data: " + usage.encode() + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            logger.debug("Pod %s: the client of %s disconnected.", self.name, request_id)
+        return response
+
+    # -- HTTP handlers ------------------------------------------------------------------------
+
+    @web.middleware
+    async def _observe(
+        self,
+        request: web.Request,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    ) -> web.StreamResponse:
+        started = time.perf_counter()
+        response = await handler(request)
+        resource = request.match_info.route.resource
+        self._http.observe(
+            handler=resource.canonical if resource is not None else request.path,
+            method=request.method,
+            status=response.status,
+            duration_s=time.perf_counter() - started,
+            request_bytes=request.content_length or 0,
+            response_bytes=response.body_length or response.content_length or 0,
+        )
+        return response
+
+    async def _completion(self, http_request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await http_request.read()
+        try:
+            request = parse_completion_request(body, chat=chat)
+        except BadRequestError as exc:
+            return error_response(
+                400, str(exc), code=exc.code, param=exc.param, backend_id=self.name
+            )
+        return await self.handle_completion(http_request, request)
+
+    async def _chat(self, http_request: web.Request) -> web.StreamResponse:
+        return await self._completion(http_request, chat=True)
+
+    async def _text(self, http_request: web.Request) -> web.StreamResponse:
+        return await self._completion(http_request, chat=False)
+
+    async def _models(self, http_request: web.Request) -> web.Response:
+        document = model_list_document(
+            base_model=self.model,
+            adapters=self.adapters,
+            created=self._created,
+            max_model_len=self.profile.max_model_len,
+        )
+        return web.json_response(document, headers={BACKEND_ID_HEADER: self.name})
+
+    async def _health(self, http_request: web.Request) -> web.Response:
+        return web.Response(headers={BACKEND_ID_HEADER: self.name})
+
+    async def _metrics(self, http_request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.render_metrics().encode(),
+            headers={"Content-Type": content_type(self.flavour), BACKEND_ID_HEADER: self.name},
+        )
+
+    # -- state ------------------------------------------------------------------------------
+
+    def render_metrics(self) -> str:
+        """The `/metrics` page as it stands now."""
+        loop_now = asyncio.get_running_loop().time()
+        return render_metrics(
+            self._engine,
+            flavour=self.flavour,
+            model_name=self.model,
+            lora_enabled=bool(self.adapters),
+            unix_offset=time.time() - loop_now,
+            http=self._http,
+        )
+
+    def cached_prefix_tokens(self, prompt: Sequence[Token], *, adapter: str | None) -> int:
+        """Prompt tokens this pod's prefix cache would serve right now (see `Engine`)."""
+        return self._engine.cached_prefix_tokens(prompt, adapter=adapter)
+
+    def state_snapshot(self) -> PodSnapshot:
+        """The pod's exact state now: the engine's, plus the step loop's lag accounting."""
+        return PodSnapshot(
+            name=self.name,
+            profile=self.profile,
+            flavour=self.flavour,
+            model=self.model,
+            adapters=self.adapters,
+            time=asyncio.get_running_loop().time(),
+            engine=self._engine.state(),
+            in_flight=len(self._streams),
+            steps=self._steps,
+            lag_s_total=self._lag_total,
+            lag_s_max=self._lag_max,
+            lag_s_dropped=self._lag_dropped,
+        )
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    """Sleep until the loop's clock reads `deadline` (absolute, unlike asyncio.sleep)."""
+    waiter: asyncio.Future[None] = loop.create_future()
+    handle = loop.call_at(deadline, _wake, waiter)
+    try:
+        await waiter
+    finally:
+        handle.cancel()
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _compact_dumps(document: object) -> str:
+    return json.dumps(document, separators=(",", ":"))

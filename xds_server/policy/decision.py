@@ -1,0 +1,162 @@
+"""The policy as one pure function: what Envoy should hold, from what is known now.
+
+    decide(inputs, memory) -> (Decision, PolicyMemory)
+
+Inputs are the routing config, every scraped pod's signals (by endpoint id) and the load
+the Envoys report, already keyed by pool, band and endpoint id (the xDS edge translates
+Envoy's cluster names once, before this is called). The policy's memory (smoothed scores,
+LoRA adapter placement and activity, per pool) goes in and its next value comes out, so
+nothing here is kept between calls: the controller holds the memory and hands it back.
+
+The Decision speaks the policy's language, not Envoy's: endpoint states per pool (weights,
+health, adapters) and, with flow control, each pool's admission (per band: the limit each
+Envoy enforces, and the Retry-After). Turning it into clusters, runtime keys and routes is
+the job of `xds_server.envoy`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from xds_server.config import PoolConfig, RoutingConfig
+from xds_server.policy.admission import BandLoad, PodCapacity, PoolAdmission, admit
+from xds_server.policy.scoring import PodSignals, endpoint_id, score_pool
+from xds_server.policy.state import Health, PoolState
+
+__all__ = [
+    "Decision",
+    "DecisionInputs",
+    "FleetLoad",
+    "PolicyMemory",
+    "PoolLoad",
+    "PoolMemory",
+    "decide",
+]
+
+_EMPTY: Mapping[str, int] = MappingProxyType({})
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolLoad:
+    """What every connected Envoy reports of one pool, summed over them."""
+
+    # Requests in flight per band, completions and admissions per second (LRS).
+    bands: BandLoad
+    # Long prompts still holding each pod (endpoint id "address:port"): prefilling as the
+    # access log tells, or in flight as the load reports of Envoys that do not log tell.
+    long_prompts: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetLoad:
+    """The load of every pool, and how many Envoys share the limits (at least 1)."""
+
+    pools: Mapping[str, PoolLoad] = field(default_factory=dict)
+    envoys: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolMemory:
+    """What the policy remembers of a pool between decisions (scoring.py, adapters.py)."""
+
+    scores: Mapping[str, float] = field(default_factory=dict)
+    placement: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    adapter_activity: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PolicyMemory:
+    """The policy's memory of every GPU-aware pool; empty at start."""
+
+    pools: Mapping[str, PoolMemory] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionInputs:
+    """Everything a decision depends on besides memory.
+
+    `signals` is None when no metrics are scraped at all (pools keep their configured
+    endpoints); `load` is None when no load reports are collected (no flow control).
+    """
+
+    config: RoutingConfig
+    signals: Mapping[str, PodSignals] | None = None
+    load: FleetLoad | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decision:
+    """What Envoy should hold: endpoint states per GPU-aware pool (a pool absent here takes
+    its endpoints from config), and per pool with flow control its admission."""
+
+    pools: Mapping[str, PoolState] = field(default_factory=dict)
+    admissions: Mapping[str, PoolAdmission] = field(default_factory=dict)
+
+
+def decide(inputs: DecisionInputs, memory: PolicyMemory) -> tuple[Decision, PolicyMemory]:
+    """The decision for `inputs`, and the memory to pass to the next call.
+
+    Pure: the same inputs and memory give the same decision and memory.
+    """
+    config, signals, load = inputs.config, inputs.signals, inputs.load
+    pools: dict[str, PoolState] = {}
+    remembered: dict[str, PoolMemory] = {}
+    for pool in config.pools:
+        if not pool.weights_from_metrics or signals is None:
+            continue
+        previous = memory.pools.get(pool.name, PoolMemory())
+        pool_load = load.pools.get(pool.name) if load is not None else None
+        scored = score_pool(
+            pool,
+            settings=config.balancing,
+            signals=signals,
+            long_prompts=pool_load.long_prompts if pool_load is not None else _EMPTY,
+            memory=previous.scores,
+            placement=previous.placement,
+            adapter_activity=previous.adapter_activity,
+            draining={endpoint_id(e) for e in pool.endpoints if e.draining},
+        )
+        pools[pool.name] = scored.state
+        remembered[pool.name] = PoolMemory(
+            scores=scored.memory,
+            placement=scored.placement,
+            adapter_activity=scored.adapter_activity,
+        )
+    admissions: dict[str, PoolAdmission] = {}
+    if config.flow_control.enabled and load is not None:
+        for pool in config.pools:
+            pool_load = load.pools.get(pool.name)
+            admissions[pool.name] = admit(
+                _capacity_inputs(pool, pools.get(pool.name), signals or {}),
+                load=pool_load.bands if pool_load is not None else BandLoad(in_flight={}),
+                envoys=load.envoys,
+                settings=config.flow_control,
+                # Limits stand about one interval, and reach Envoy within another.
+                horizon_s=2 * config.balancing.scrape_interval_s,
+            )
+    return Decision(pools=pools, admissions=admissions), PolicyMemory(pools=remembered)
+
+
+def _capacity_inputs(
+    pool: PoolConfig, state: PoolState | None, signals: Mapping[str, PodSignals]
+) -> list[PodCapacity]:
+    """The pool's ready pods as admission sees them: healthy, not draining, with their load
+    when their metrics are scraped (a pool without metrics counts every pod as idle)."""
+    if state is not None:
+        ready = {e.id: e.hardware for e in state.endpoints if e.health is Health.HEALTHY}
+    else:
+        ready = {endpoint_id(e): e.hardware for e in pool.endpoints if not e.draining}
+    pods = []
+    for key, hardware in sorted(ready.items()):
+        observed = signals.get(key)
+        pods.append(
+            PodCapacity(
+                hardware=hardware,
+                running=observed.running if observed is not None else 0.0,
+                waiting=observed.waiting if observed is not None else 0.0,
+                kv_usage=observed.kv_usage if observed is not None else None,
+            )
+        )
+    return pods

@@ -1,0 +1,66 @@
+"""Process-level settings (the command line), as opposed to the routing config (a file or a
+ConfigMap, config.py): where to listen, where the config comes from, timings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KubernetesSettings", "ServerSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class KubernetesSettings:
+    """Where the server finds pods, Inference Extension objects and its ConfigMap."""
+
+    # The server's own namespace: its ConfigMap and Events live here.
+    namespace: str
+    # Where pod selectors (without their own namespaces) and InferencePools are looked for.
+    watch_namespaces: tuple[str, ...]
+    # The ConfigMap holding the routing config; None reads `ServerSettings.config_path`.
+    configmap: str | None = None
+    # The API server: None means in-cluster, else the kubeconfig; `api_host` is for tests.
+    api_host: str | None = None
+    kubeconfig: Path | None = None
+    # ResourceWatcher keyword options (backoff ladder, watch timeout), for tests.
+    watcher_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    """Everything `xds-server run` is told on its command line.
+
+    Either `config_path` or `kubernetes` with a `configmap` says where the routing config
+    comes from (`config_source`); `__post_init__` refuses settings with neither.
+    """
+
+    # The routing config file; unused when the config comes from a ConfigMap.
+    config_path: Path | None = None
+    kubernetes: KubernetesSettings | None = None
+    xds_host: str = "127.0.0.1"
+    xds_port: int = 18000
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 9000
+    config_poll_s: float = 1.0
+    # gRPC keepalive: notice a dead Envoy (or a dead path to it) within about a minute.
+    keepalive_time_s: float = 30.0
+    keepalive_timeout_s: float = 10.0
+    # How often Envoys send load reports (LRS): requests in flight and rates per cluster.
+    # Where a long prompt starts, the policy learns sooner from the access log (ALS).
+    load_report_interval_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.config_path is None and (
+            self.kubernetes is None or self.kubernetes.configmap is None
+        ):
+            raise ValueError("ServerSettings needs a config_path, or Kubernetes with a ConfigMap.")
+
+    @property
+    def config_source(self) -> str:
+        """Where the routing config comes from, for logs."""
+        k = self.kubernetes
+        if k is not None and k.configmap is not None:
+            return f"ConfigMap {k.namespace}/{k.configmap}"
+        return str(self.config_path)

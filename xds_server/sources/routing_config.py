@@ -1,0 +1,44 @@
+"""Where the routing config comes from: a ConfigMap (on Kubernetes) or a file.
+
+Each yields every document as it changes, parsed and validated (`RoutingConfig`), or the
+`ConfigError` that says why it cannot be used; the caller keeps the last good one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from xds_server.config import RoutingConfig
+from xds_server.errors import ConfigError
+from xds_server.settings import ServerSettings
+from xds_server.sources.config_file import watch_config_file
+from xds_server.sources.kubernetes.configmap import watch_configmap
+from xds_server.sources.kubernetes.events import EventRecorder
+from xds_server.telemetry.kubernetes import KubernetesTelemetry
+
+__all__ = ["routing_config_documents"]
+
+
+def routing_config_documents(
+    settings: ServerSettings,
+    *,
+    kubernetes_api: Any = None,
+    telemetry: KubernetesTelemetry | None = None,
+) -> AsyncIterator[RoutingConfig | ConfigError]:
+    """The documents of `settings.config_source`, as they change. A ConfigMap source needs
+    the `kubernetes_api` client (and records an Event for each config it refuses)."""
+    k = settings.kubernetes
+    if k is not None and k.configmap is not None:
+        if kubernetes_api is None:
+            raise ValueError("A ConfigMap source needs a Kubernetes API client.")
+        return watch_configmap(
+            kubernetes_api,
+            namespace=k.namespace,
+            name=k.configmap,
+            events=EventRecorder(kubernetes_api, telemetry=telemetry),
+            telemetry=telemetry,
+            watcher_options=k.watcher_options,
+        )
+    assert settings.config_path is not None  # ServerSettings refuses settings without either
+    return watch_config_file(settings.config_path, interval_s=settings.config_poll_s)

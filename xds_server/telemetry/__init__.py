@@ -1,0 +1,17 @@
+"""Every Prometheus metric the server exports, in one registry per server instance.
+
+    server.py      Telemetry: xDS streams and pushes, snapshots, config reloads, LRS, ALS
+    scrape.py      ScrapeTelemetry: scrapes of model-server metrics pages
+    kubernetes.py  KubernetesTelemetry: list/watch and Events
+    pods.py        PodCollector: xds_pod_* per pod, read at scrape time
+    bands.py       BandCollector: xds_band_* and xds_pool_* (flow control), read at scrape time
+
+The components that produce the numbers do not know Prometheus where they can avoid it:
+the scraper and the watchers report through small observer protocols, and the collectors
+read the controller's latest decision through a protocol, not the controller itself. The
+README's metrics reference lists every series.
+"""
+
+from xds_server.telemetry.server import Telemetry
+
+__all__ = ["Telemetry"]

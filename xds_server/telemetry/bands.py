@@ -1,0 +1,110 @@
+"""Flow-control Prometheus metrics, per pool and band, read at scrape time.
+
+Limits, Retry-After, capacity, saturation and requests in flight are what the policy last
+decided from (`Decision.admissions`); admitted and refused requests are what the Envoys
+reported over LRS, by pool and band. A collector, like pods.py, so that pools and bands
+that go away leave no stale series behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from xds_server.config import BANDS, Band, RoutingConfig
+from xds_server.policy.decision import Decision
+
+__all__ = ["BandCollector", "BandTotals", "BandTotalsSource", "DecisionView"]
+
+
+class DecisionView(Protocol):
+    """The config in force and the policy's latest decision (the controller has both)."""
+
+    @property
+    def config(self) -> RoutingConfig | None: ...
+
+    @property
+    def decision(self) -> Decision: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class BandTotals:
+    """Requests of one pool's band the Envoys sent to a pod, and refused with 429 (circuit
+    breaker overflow), since the server started."""
+
+    admitted: int
+    refused: int
+
+
+class BandTotalsSource(Protocol):
+    """Admitted and refused requests per (pool, band) of `config`."""
+
+    def band_totals(self, config: RoutingConfig) -> Mapping[tuple[str, Band], BandTotals]: ...
+
+
+class BandCollector(Collector):
+    """xds_band_* and xds_pool_* flow-control metrics."""
+
+    def __init__(self, decisions: DecisionView, totals: BandTotalsSource | None) -> None:
+        self._decisions = decisions
+        self._totals = totals
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["pool", "band"]
+        limit = GaugeMetricFamily(
+            "xds_band_limit",
+            "Requests of the band each Envoy admits at once (circuit breaker max_requests).",
+            labels=labels,
+        )
+        in_flight = GaugeMetricFamily(
+            "xds_band_in_flight",
+            "Requests of the band in flight over every Envoy (LRS).",
+            labels=labels,
+        )
+        retry_after = GaugeMetricFamily(
+            "xds_band_retry_after_seconds",
+            "The Retry-After a refused request of the band gets now.",
+            labels=labels,
+        )
+        admitted = CounterMetricFamily(
+            "xds_band_admitted", "Requests of the band Envoys sent to a pod (LRS).", labels=labels
+        )
+        refused = CounterMetricFamily(
+            "xds_band_refused",
+            "Requests of the band Envoys refused with 429 (circuit breaker overflow, LRS).",
+            labels=labels,
+        )
+        capacity = GaugeMetricFamily(
+            "xds_pool_capacity",
+            "Requests the pool's ready pods serve at once without queueing.",
+            labels=["pool"],
+        )
+        saturation = GaugeMetricFamily(
+            "xds_pool_saturation",
+            "Requests in flight over capacity (above 1: requests queue in the pods).",
+            labels=["pool"],
+        )
+        config = self._decisions.config
+        admissions = self._decisions.decision.admissions
+        totals: Mapping[tuple[str, Band], BandTotals] = (
+            self._totals.band_totals(config)
+            if self._totals is not None and config is not None
+            else {}
+        )
+        for name in sorted(admissions):
+            admission = admissions[name]
+            capacity.add_metric([name], admission.capacity)
+            saturation.add_metric([name], admission.saturation)
+            for band in BANDS:
+                limit.add_metric([name, band], admission.max_requests[band])
+                in_flight.add_metric([name, band], admission.in_flight[band])
+                retry_after.add_metric([name, band], admission.retry_after_s[band])
+                counted = totals.get((name, band))
+                if counted is not None:
+                    admitted.add_metric([name, band], counted.admitted)
+                    refused.add_metric([name, band], counted.refused)
+        yield from (limit, in_flight, retry_after, admitted, refused, capacity, saturation)

@@ -1,0 +1,82 @@
+"""Per-pod Prometheus metrics, read at scrape time from the metrics store and the decision.
+
+A custom collector rather than labelled gauges: the set of pods changes all the time, and a
+collector reports exactly the pods known now, with no stale series left behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from xds_server.metrics.store import PodObservation
+from xds_server.policy.state import Health
+from xds_server.telemetry.bands import DecisionView
+
+__all__ = ["Observations", "PodCollector"]
+
+
+class Observations(Protocol):
+    """Every scraped pod's latest observation, by endpoint id (the pod metrics source)."""
+
+    def observations(self) -> Mapping[str, PodObservation]: ...
+
+_LABELS = ["pool", "pod"]
+
+# Each family: its key in `collect`, its name and its documentation.
+_FAMILIES = {
+    "kv": ("xds_pod_kv_cache_usage", "KV-cache use (0..1) the pod reported."),
+    "waiting": ("xds_pod_requests_waiting", "Requests queued in the pod's engine."),
+    "running": ("xds_pod_requests_running", "Requests running in the pod's engine."),
+    "adapters": ("xds_pod_lora_adapters", "LoRA adapters the pod holds or is loading."),
+    "weight": ("xds_pod_weight", "The EDS load-balancing weight sent to Envoy."),
+    "long": (
+        "xds_pod_long_prompts",
+        "Long prompts holding the pod: prefilling (access log), or in flight (load reports of"
+        " Envoys that do not log); its weight is cut while they last.",
+    ),
+    "healthy": ("xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0."),
+    "age": ("xds_pod_metrics_age_seconds", "Age of the pod's last good metrics."),
+    "errors": ("xds_pod_scrape_errors_in_a_row", "Failed scrapes since the last good one."),
+}
+
+
+class PodCollector(Collector):
+    """xds_pod_* gauges: one series per pod of every GPU-aware pool."""
+
+    def __init__(self, pods: Observations, decisions: DecisionView) -> None:
+        self._pods = pods
+        self._decisions = decisions
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {
+            key: GaugeMetricFamily(name, documentation, labels=_LABELS)
+            for key, (name, documentation) in _FAMILIES.items()
+        }
+        observations = self._pods.observations()
+        for pool in self._decisions.decision.pools.values():
+            for endpoint in pool.endpoints:
+                pod_id = endpoint.id
+                labels = [pool.name, pod_id]
+                families["weight"].add_metric(labels, endpoint.weight)
+                families["long"].add_metric(labels, endpoint.long_prompts)
+                families["healthy"].add_metric(
+                    labels, 1.0 if endpoint.health is Health.HEALTHY else 0.0
+                )
+                families["adapters"].add_metric(labels, len(endpoint.adapters))
+                observation = observations.get(pod_id)
+                if observation is None:
+                    continue
+                families["errors"].add_metric(labels, observation.errors_in_a_row)
+                if observation.age_s is not None:
+                    families["age"].add_metric(labels, observation.age_s)
+                metrics = observation.metrics
+                if metrics is not None:
+                    families["waiting"].add_metric(labels, metrics.waiting)
+                    families["running"].add_metric(labels, metrics.running)
+                    if metrics.kv_usage is not None:
+                        families["kv"].add_metric(labels, metrics.kv_usage)
+        yield from families.values()
