@@ -6,10 +6,12 @@ import asyncio
 from pathlib import Path
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.xds.conftest import RawClient
 from xds_server.app import XdsApplication
+from xds_server.metrics.scraper import ScraperState
 from xds_server.settings import ServerSettings
 from xds_server.xds.resources import ResourceType
 
@@ -83,3 +85,26 @@ async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
             )
         ]
         await client.close()
+
+
+async def test_a_failed_start_closes_what_it_opened(tmp_path: Path) -> None:
+    # The admin port is taken: the start fails, and the gRPC server and the scraper it had
+    # already opened are closed again (the AsyncExitStack unwinds), so a retry can bind.
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    taken = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = taken.sockets[0].getsockname()[1]
+    try:
+        settings = ServerSettings(config_path=path, xds_port=0, admin_port=port)
+        app = XdsApplication(settings)
+        with pytest.raises(OSError, match="Cannot start the admin server"):
+            await app.__aenter__()
+        assert app.scraper.state is ScraperState.CLOSED
+        xds_port = app.xds_port
+        # The xDS port is free again.
+        probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", xds_port)
+        probe.close()
+        await probe.wait_closed()
+    finally:
+        taken.close()
+        await taken.wait_closed()

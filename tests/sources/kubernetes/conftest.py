@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 import kubernetes.client
 import pytest
 
-from tests.k8s.apiserver import ApiServerDouble
+from tests.sources.kubernetes.apiserver import ApiServerDouble
 
 
 @pytest.fixture

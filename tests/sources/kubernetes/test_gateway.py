@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import chat, eventually, served_by
-from tests.k8s.apiserver import ApiServerDouble
+from tests.sources.kubernetes.apiserver import ApiServerDouble
 from xds_server.settings import KubernetesSettings
 from xds_testbed.backends import ExampleBackend
 from xds_testbed.gateway import LocalGateway, run_local_gateway

@@ -19,7 +19,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
-from tests.k8s.apiserver import ApiServerDouble, RecordedRequest, flag
+from tests.sources.kubernetes.apiserver import ApiServerDouble, RecordedRequest, flag
 from xds_server.errors import XdsServerError
 from xds_server.sources.kubernetes.client import (
     KubernetesError,

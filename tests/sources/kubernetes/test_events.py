@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.k8s.apiserver import ApiServerDouble
+from tests.sources.kubernetes.apiserver import ApiServerDouble
 from xds_server.sources.kubernetes.client import api_client
 from xds_server.sources.kubernetes.events import EventRecorder, event_for
 from xds_server.telemetry.kubernetes import KubernetesTelemetry

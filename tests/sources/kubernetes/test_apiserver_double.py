@@ -15,7 +15,7 @@ import kubernetes.watch
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.k8s.apiserver import ApiServerDouble, flag
+from tests.sources.kubernetes.apiserver import ApiServerDouble, flag
 
 POOLS = ("inference.networking.k8s.io", "v1", "default", "inferencepools")
 

@@ -1,0 +1,85 @@
+"""decide(): the whole policy as one pure function of inputs and memory."""
+
+from __future__ import annotations
+
+from xds_server.config import parse_config
+from xds_server.policy.admission import BandLoad
+from xds_server.policy.decision import (
+    DecisionInputs,
+    FleetLoad,
+    PolicyMemory,
+    PoolLoad,
+    decide,
+)
+from xds_server.policy.scoring import MAX_WEIGHT, PodSignals
+
+CONFIG = parse_config(
+    """
+    balancing: {smoothing: 0.5}
+    flow_control: {enabled: true, default_pod_concurrency: 10, critical_headroom: 0,
+                   sheddable_utilization: 1}
+    pools:
+      - name: gpu
+        models: [m]
+        endpoints: [{address: 10.0.0.1, port: 8000}, {address: 10.0.0.2, port: 8000}]
+      - name: plain
+        models: [n]
+        gpu_aware: false
+        endpoints: [{address: 10.0.1.1, port: 8000}]
+    """
+)
+A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+
+
+def _signals(waiting_b: float) -> dict[str, PodSignals]:
+    return {
+        A: PodSignals(age_s=0.1, waiting=0, running=2),
+        B: PodSignals(age_s=0.1, waiting=waiting_b, running=2),
+    }
+
+
+def _weights(decision) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    return {e.id: e.weight for e in decision.pools["gpu"].endpoints}
+
+
+def test_the_same_inputs_and_memory_give_the_same_decision() -> None:
+    inputs = DecisionInputs(config=CONFIG, signals=_signals(3))
+    assert decide(inputs, PolicyMemory()) == decide(inputs, PolicyMemory())
+
+
+def test_memory_carries_the_smoothing_from_one_decision_to_the_next() -> None:
+    calm, memory = decide(DecisionInputs(config=CONFIG, signals=_signals(0)), PolicyMemory())
+    assert _weights(calm) == {A: MAX_WEIGHT, B: MAX_WEIGHT}
+    queued = DecisionInputs(config=CONFIG, signals=_signals(5))
+    remembered, _ = decide(queued, memory)
+    fresh, _ = decide(queued, PolicyMemory())
+    # Half-way (smoothing 0.5) from the remembered score: cut, but less than without memory.
+    assert fresh.pools["gpu"].endpoints[1].weight < _weights(remembered)[B] < MAX_WEIGHT
+    # Only GPU-aware pools are decided on, and remembered.
+    assert set(calm.pools) == set(memory.pools) == {"gpu"}
+
+
+def test_load_keyed_by_pool_cuts_long_prompts_and_sets_band_limits() -> None:
+    load = FleetLoad(
+        pools={
+            "gpu": PoolLoad(
+                bands=BandLoad(in_flight={"critical": 4, "standard": 6}, completions_per_s=2),
+                long_prompts={B: 1},
+            )
+        },
+        envoys=2,
+    )
+    inputs = DecisionInputs(config=CONFIG, signals=_signals(0), load=load)
+    decision, _ = decide(inputs, PolicyMemory())
+    assert _weights(decision)[A] == MAX_WEIGHT
+    assert _weights(decision)[B] < MAX_WEIGHT / 50
+    # Capacity 20: Standard may take 20 - 4, Sheddable 20 - 10; each of 2 Envoys half.
+    gpu = decision.admissions["gpu"]
+    assert (gpu.max_requests["standard"], gpu.max_requests["sheddable"]) == (8, 5)
+    # A pool nobody reported on is admitted on its capacity alone.
+    assert decision.admissions["plain"].max_requests["standard"] == 5
+
+
+def test_without_signals_or_load_nothing_is_decided() -> None:
+    decision, memory = decide(DecisionInputs(config=CONFIG), PolicyMemory())
+    assert not decision.pools and not decision.admissions and not memory.pools
