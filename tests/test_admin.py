@@ -41,7 +41,7 @@ async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
         assert body["config"] is None and "pools" in body["last_error"]  # type: ignore[index]
 
         path.write_text(CONFIG)
-        await app.wait_ready(within_s=5)
+        await app.wait_ready(within_s=20)
         assert (await get("/readyz"))[0] == 200
 
         client = RawClient(f"127.0.0.1:{app.xds_port}", node_id="envoy-7")

@@ -165,12 +165,12 @@ async def test_stale_pod_leaves_rotation_and_comes_back(
         await eventually(lambda: _is(health_of(b.port), "HEALTHY"), what="B healthy")
         b.broken = True
         await eventually(
-            lambda: _is(health_of(b.port), "UNHEALTHY"), within_s=5, what="B out of rotation"
+            lambda: _is(health_of(b.port), "UNHEALTHY"), within_s=20, what="B out of rotation"
         )
         assert await health_of(a.port) == "HEALTHY"
         b.broken = False
         await eventually(
-            lambda: _is(health_of(b.port), "HEALTHY"), within_s=5, what="B back in rotation"
+            lambda: _is(health_of(b.port), "HEALTHY"), within_s=20, what="B back in rotation"
         )
 
 
@@ -182,7 +182,7 @@ async def test_all_stale_fails_closed_when_configured(
         for pod in pods:
             pod.broken = True
         await eventually(
-            lambda: _all(hosts(gateway), "UNHEALTHY"), within_s=5, what="all out of rotation"
+            lambda: _all(hosts(gateway), "UNHEALTHY"), within_s=20, what="all out of rotation"
         )
 
 
@@ -288,11 +288,12 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
                 low, high = await weights()
                 return low * 50 < high
 
-            await eventually(cut, within_s=0.5, what="the long prompt's pod cut")
+            # While it prefills (the assertions below check it has not finished).
+            await eventually(cut, within_s=5, what="the long prompt's pod cut")
             short = [await served_by("hello there", 1) for _ in range(6)]
             during = await pod_samples(gateway)
             assert not long_prompt.done(), "the long prompt finished too early to tell"
-            await eventually(equal, within_s=3.0, what="the weight back once prefill is over")
+            await eventually(equal, within_s=10, what="the weight back once prefill is over")
             assert not long_prompt.done(), "the weight came back only once it finished"
             long_pod = await long_prompt
             stats = await gateway.envoy.get_stats("upstream_rq_total")

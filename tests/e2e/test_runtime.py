@@ -55,7 +55,7 @@ async def _push_limit(gateway: LocalGateway, limit: int) -> None:
         snapshot.replace(ResourceType.RUNTIME, build_runtime({KEY: limit}))
     )
     await eventually(
-        lambda: _runtime_value(gateway.envoy), what=f"Envoy to take {KEY}={limit}", within_s=5
+        lambda: _runtime_value(gateway.envoy), what=f"Envoy to take {KEY}={limit}", within_s=20
     )
     assert await _runtime_value(gateway.envoy) == str(limit)
 

@@ -13,11 +13,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from yarl import URL
 
 from llm_sim.metrics_text import Flavour
 from llm_sim.pod import DEFAULT_MODEL, SimulatedPod
-from xds_server.errors import ConfigError, ScrapeErrorKind
+from xds_server.errors import ConfigError, ScrapeError, ScrapeErrorKind
 from xds_server.metrics.engines import PodMetrics
+from xds_server.metrics.fetching import PageFetcher
 from xds_server.metrics.scraper import Scraper, ScraperState, ScrapeTarget
 from xds_server.metrics.store import ErrorStreak, MetricsStore
 
@@ -432,3 +434,47 @@ async def test_interval_and_timeout_can_change_while_open(server: FakeMetricsSer
         server.mode = "hang"
         await wait_until(lambda: len(recorder.errors) >= 1, limit_s=1.0)
         assert recorder.errors == [("p", ScrapeErrorKind.TIMEOUT)]
+
+
+class ScriptedFetcher:
+    """A PageFetcher at the seam: answers each fetch with the next scripted page or error,
+    and records the loop time of each."""
+
+    def __init__(self, script: list[str | ScrapeError]) -> None:
+        self.script = script
+        self.fetched_at: list[float] = []
+        self.closed = False
+
+    async def fetch(self, url: URL, *, timeout_s: float) -> bytes:
+        self.fetched_at.append(asyncio.get_running_loop().time())
+        item = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(item, ScrapeError):
+            raise item
+        return item.encode()
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+_fetcher: type[PageFetcher] = ScriptedFetcher
+
+
+@pytest.mark.looptime
+async def test_scrapes_run_on_the_loops_clock_with_backoff_through_the_fetch_seam() -> None:
+    refused = ScrapeError("connection refused", kind=ScrapeErrorKind.CONNECT)
+    fetcher = ScriptedFetcher([refused, refused, vllm_page(waiting=4)])
+    store = MetricsStore()
+    scraper = Scraper(
+        store, interval_s=0.5, max_backoff_s=4.0, fetcher=fetcher, seed=3, _iterations=4
+    )
+    async with scraper:
+        scraper.set_targets({"p": ScrapeTarget(url="http://10.0.0.1:8000/metrics")})
+        await scraper.join()
+        observation = store.snapshot(asyncio.get_running_loop().time())["p"]
+    assert fetcher.closed
+    assert observation.metrics is not None and observation.metrics.waiting == 4
+    first, second, third, fourth = fetcher.fetched_at
+    # Two failures back off (0.5 s, then 1 s, each ±10%), then the grid of 0.5 s resumes.
+    assert 0.45 <= second - first <= 0.55
+    assert 0.9 <= third - second <= 1.1
+    assert fourth - third == pytest.approx(0.5)

@@ -8,11 +8,8 @@ measures the CPU per scrape) and must never stall or crash on a bad pod.
   then every `interval_s` on absolute deadlines, so a thousand pods are spread over the
   interval instead of being fetched in lockstep, and a slow scrape does not shift the next.
   A pod has at most one scrape in flight; the next one waits.
-- One aiohttp `ClientSession` for every pod: keep-alive connections (a scrape is one
-  request on an open connection, no handshake), at most `max_connections` at once, no
-  cookies, and no compression by default: gzip cuts a 59 KB page to ~9 KB on the wire but
-  costs the pod CPU to compress and us ~30% more CPU per scrape to inflate (`compress`
-  turns it on where bandwidth is what is short).
+- Pages are got through a `PageFetcher` (fetching.py): by default one aiohttp session for
+  every pod, with keep-alive connections; tests may pass their own.
 - A failed scrape (connect, timeout, HTTP status, broken body, unparseable page: the tree
   in `errors`) is recorded in the store, counted through `observe_error`, and never raised:
   the pod's last metrics stay in use until the policy finds them too old (`age_s`). It is
@@ -42,11 +39,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 
-import aiohttp
 from yarl import URL
 
 from xds_server.clock import Clock, loop_clock
-from xds_server.errors import ConfigError, MetricsError, ScrapeError, ScrapeErrorKind
+from xds_server.errors import ConfigError, MetricsError, ScrapeErrorKind
 from xds_server.metrics.engines import (
     EngineAdapter,
     EngineKind,
@@ -54,6 +50,7 @@ from xds_server.metrics.engines import (
     PodMetrics,
     engine_adapter,
 )
+from xds_server.metrics.fetching import HttpPageFetcher, PageFetcher
 from xds_server.metrics.store import ErrorStreak, MetricsStore
 
 __all__ = [
@@ -75,7 +72,6 @@ ScrapeObserver = Callable[[str, float], None]
 """`observe_scrape(pod_id, duration_s)`: called after each successful scrape with the time
 it took (fetch and parse)."""
 
-_ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 _EMPTY_OVERRIDES: Overrides = MappingProxyType({})
 
 
@@ -121,18 +117,18 @@ class Scraper:
     """Scrapes a changing set of pods into `store`, as an async context manager.
 
     `interval_s` is the time between scrapes of one pod, `timeout_s` the most one scrape may
-    take (connect, request, whole body); both may be changed while open. `max_connections`
-    bounds the simultaneous requests, `max_backoff_s` the wait between retries of a failing
-    pod (never less than `interval_s`), `max_page_bytes` the page size. `compress` asks for
-    gzip pages. `clock` gives the time of scrapes and of the store's `now` (the event loop's
-    by default: the same clock the scraper sleeps on). `seed` fixes the
-    jitter. `_iterations` ends each pod's loop after that many scrapes (tests only; see
-    `join`).
+    take (connect, request, whole body); both may be changed while open. `max_backoff_s`
+    bounds the wait between retries of a failing pod (never less than `interval_s`).
+    `fetcher` gets the pages (fetching.py); without one, an HTTP fetcher with
+    `max_connections` simultaneous requests, pages of at most `max_page_bytes`, and gzip
+    if `compress`. `clock` gives the time of scrapes and of the store's `now` (the event
+    loop's by default: the same clock the scraper sleeps on). `seed` fixes the jitter.
+    `_iterations` ends each pod's loop after that many scrapes (tests only; see `join`).
 
-    Mutable state: `state`, `interval_s`, `timeout_s` (and its `_timeout`), `_session`,
-    `_targets` and `_tasks` (pod id -> target, its task), `_stopping` (tasks of removed
-    pods, cancelled, not yet finished), `_callback_failing` (callbacks whose failure was
-    logged). Changed only on the event loop.
+    Mutable state: `state`, `interval_s`, `timeout_s`, `_targets` and `_tasks` (pod id
+    -> target, its task), `_stopping` (tasks of removed pods, cancelled, not yet finished),
+    `_callback_failing` (callbacks whose failure was logged). Changed only on the event
+    loop.
     """
 
     def __init__(
@@ -149,20 +145,25 @@ class Scraper:
         observe_error: ErrorObserver | None = None,
         observe_scrape: ScrapeObserver | None = None,
         clock: Clock = loop_clock,
+        fetcher: PageFetcher | None = None,
         seed: int | None = None,
         _iterations: int | None = None,
     ) -> None:
-        if max_connections < 1 or max_page_bytes < 1:
-            raise ValueError("max_connections and max_page_bytes must be at least 1.")
         self.store = store
         self._interval_s = self._timeout_s = 1.0
-        self._timeout = aiohttp.ClientTimeout(total=self._timeout_s)
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self.max_connections = max_connections
         self.max_backoff_s = max_backoff_s
-        self.max_page_bytes = max_page_bytes
-        self.compress = compress
+        self._fetcher: PageFetcher = (
+            fetcher
+            if fetcher is not None
+            else HttpPageFetcher(
+                max_connections=max_connections,
+                max_page_bytes=max_page_bytes,
+                compress=compress,
+                keepalive_s=max(30.0, 4 * interval_s),
+            )
+        )
         self.state = ScraperState.UNOPENED
         self._on_update = on_update
         self._observe_error = observe_error
@@ -170,7 +171,6 @@ class Scraper:
         self._clock = clock
         self._rng = random.Random(seed)
         self._iterations = _iterations
-        self._session: aiohttp.ClientSession | None = None
         self._targets: dict[str, ScrapeTarget] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
@@ -203,7 +203,6 @@ class Scraper:
         if not value > 0:
             raise ValueError(f"timeout_s must be positive, not {value}.")
         self._timeout_s = value
-        self._timeout = aiohttp.ClientTimeout(total=value)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -214,17 +213,6 @@ class Scraper:
                 "opened only once."
             )
         self.state = ScraperState.OPEN
-        headers = {"Accept": _ACCEPT}
-        if not self.compress:
-            headers["Accept-Encoding"] = "identity"
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=self.max_connections, keepalive_timeout=max(30.0, 4 * self.interval_s)
-            ),
-            headers=headers,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-        )
         for pod_id in self._targets:
             self._start(pod_id)
         return self
@@ -249,8 +237,7 @@ class Scraper:
 
     async def _cleanup(self, tasks: list[asyncio.Task[None]]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
+        await self._fetcher.aclose()
 
     async def join(self) -> None:
         """Wait until every pod's loop has ended: they end by themselves only with
@@ -407,58 +394,7 @@ class Scraper:
 
     async def _scrape(self, target: ScrapeTarget) -> PodMetrics:
         """Fetch and read one page. Raises `ScrapeError` or `MetricsParseError`."""
-        session = self._session
-        if session is None:
+        if self.state is not ScraperState.OPEN:
             raise RuntimeError("The scraper is not open; use it inside `async with`.")
-        try:
-            timeout = self._timeout
-            async with session.get(target.parsed_url, timeout=timeout) as response:
-                if response.status != 200:
-                    raise ScrapeError(
-                        f"HTTP {response.status} {response.reason or ''}".rstrip(),
-                        kind=ScrapeErrorKind.HTTP_STATUS,
-                    )
-                body = await self._read(response)
-        except TimeoutError as exc:
-            raise ScrapeError(
-                f"no complete page within {timeout.total:g} s", kind=ScrapeErrorKind.TIMEOUT
-            ) from exc
-        except aiohttp.ClientConnectionError as exc:
-            raise ScrapeError(_describe(exc), kind=ScrapeErrorKind.CONNECT) from exc
-        except aiohttp.ClientResponseError as exc:  # an answer that is not HTTP
-            raise ScrapeError(
-                f"not a valid HTTP response: {_first_line(exc.message)}",
-                kind=ScrapeErrorKind.BODY,
-            ) from exc
-        except aiohttp.ClientError as exc:  # the body broke off
-            raise ScrapeError(_describe(exc), kind=ScrapeErrorKind.BODY) from exc
+        body = await self._fetcher.fetch(target.parsed_url, timeout_s=self._timeout_s)
         return target.adapter.parse(body.decode("utf-8", errors="replace"))
-
-    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
-        length = response.content_length
-        if length is not None and length > self.max_page_bytes:
-            raise ScrapeError(
-                f"the page is {length} bytes, over the {self.max_page_bytes}-byte limit",
-                kind=ScrapeErrorKind.BODY,
-            )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.content.iter_any():
-            size += len(chunk)
-            if size > self.max_page_bytes:
-                raise ScrapeError(
-                    f"the page is over the {self.max_page_bytes}-byte limit",
-                    kind=ScrapeErrorKind.BODY,
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-
-def _describe(exc: BaseException) -> str:
-    """One line for a log message and the store: the exception's name and first line."""
-    text = _first_line(str(exc))
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _first_line(text: str) -> str:
-    return text.strip().split("\n", 1)[0].rstrip(":")

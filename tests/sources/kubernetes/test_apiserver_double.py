@@ -126,7 +126,7 @@ async def test_watch_replays_history_then_ends_at_its_timeout(
     events = await asyncio.to_thread(
         watch_events, core.list_namespaced_pod, "default", resource_version=start, timeout_seconds=1
     )
-    assert 0.9 < time.monotonic() - began < 3
+    assert 0.9 < time.monotonic() - began < 10
     assert [(e["type"], e["object"].metadata.name) for e in events] == [
         ("ADDED", "b"),
         ("MODIFIED", "a"),

@@ -324,7 +324,7 @@ async def test_cancellation_ends_run_and_its_threads_promptly(apiserver: ApiServ
         started = time.monotonic()
         h.task.cancel()
         await asyncio.gather(h.task, return_exceptions=True)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0
     await eventually(
         lambda: not any(t.name in ("watch-pods", "list-pods") for t in threading.enumerate()),
         timeout_s=1.0,
