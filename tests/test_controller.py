@@ -198,7 +198,7 @@ async def test_a_long_prompt_reported_in_flight_cuts_its_pods_weight_at_once() -
         key: PodSignals(age_s=0.1, waiting=0, running=2)
         for key in ("10.0.0.1:8000", "10.0.0.2:8000")
     }
-    controller = Controller(cache=cache, telemetry=telemetry, signals=lambda: pods, load=load)
+    controller = Controller(cache=cache, telemetry=telemetry, signals=lambda now: pods, load=load)
     task = asyncio.create_task(controller.run())
     try:
         controller.submit(parse_config(LONG_PROMPTS))

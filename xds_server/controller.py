@@ -39,9 +39,10 @@ logger = logging.getLogger(__name__)
 
 
 class SignalsSource(Protocol):
-    """The latest metrics of every scraped pod, by endpoint id ("address:port")."""
+    """The latest metrics of every scraped pod, by endpoint id ("address:port"), with their
+    ages at `now` (the controller's clock)."""
 
-    def __call__(self) -> Mapping[str, PodSignals]: ...
+    def __call__(self, now: float) -> Mapping[str, PodSignals]: ...
 
 
 class LoadSource(Protocol):
@@ -183,7 +184,7 @@ class Controller:
     def _inputs(self, config: RoutingConfig) -> DecisionInputs:
         return DecisionInputs(
             config=config,
-            signals=self._signals() if self._signals is not None else None,
+            signals=self._signals(self._clock()) if self._signals is not None else None,
             load=self._load.fleet_load(config) if self._load is not None else None,
         )
 

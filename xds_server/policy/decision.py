@@ -2,11 +2,13 @@
 
     decide(inputs, memory) -> (Decision, PolicyMemory)
 
-Inputs are the routing config, every scraped pod's signals (by endpoint id) and the load
-the Envoys report, already keyed by pool, band and endpoint id (the xDS edge translates
-Envoy's cluster names once, before this is called). The policy's memory (smoothed scores,
-LoRA adapter placement and activity, per pool) goes in and its next value comes out, so
-nothing here is kept between calls: the controller holds the memory and hands it back.
+Inputs are the routing config, every scraped pod's signals (by endpoint id, their ages
+measured at the instant the controller decides, on its clock: time enters here only as
+those ages) and the load the Envoys report, already keyed by pool, band and endpoint id
+(fleet_load.py translates Envoy's cluster names once, before this is called). The
+policy's memory (smoothed scores, LoRA adapter placement and activity, per pool) goes in
+and its next value comes out, so nothing here is kept between calls: the controller holds
+the memory and hands it back.
 
 The Decision speaks the policy's language, not Envoy's: endpoint states per pool (weights,
 health, adapters) and, with flow control, each pool's admission (per band: the limit each

@@ -68,16 +68,17 @@ def follow_config(scraper: Scraper, config: RoutingConfig) -> None:
 class PodMetricsSource:
     """The pods' metrics as the policy and telemetry read them, from the scraper's store.
 
-    `signals` is the controller's SignalsSource, `observations` telemetry's. Ages are
-    measured on `clock`, which must be the scraper's.
+    `signals` is the controller's SignalsSource (ages at the `now` the controller decides
+    at), `observations` telemetry's (ages now, on `clock`). Both clocks must be the
+    scraper's.
     """
 
     def __init__(self, store: MetricsStore, *, clock: Clock = loop_clock) -> None:
         self.store = store
         self._clock = clock
 
-    def signals(self) -> Mapping[str, PodSignals]:
-        snapshot = self.store.snapshot(self._clock())
+    def signals(self, now: float) -> Mapping[str, PodSignals]:
+        snapshot = self.store.snapshot(now)
         return {pod_id: s for pod_id, o in snapshot.items() if (s := signals_of(o)) is not None}
 
     def observations(self) -> Mapping[str, PodObservation]:
