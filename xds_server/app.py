@@ -71,9 +71,9 @@ class XdsApplication:
         self.cache = SnapshotCache()
         self.registry = NodeRegistry(self.telemetry)
         # The xDS edge's view of the Envoys' load, per cluster name.
-        self.load_reports = LoadReports(self.telemetry)
+        self.load_reports = LoadReports(self.telemetry, clock=clock)
         # A prefilling prompt not logged for 10 intervals lost its end with its stream.
-        self.long_prompts = PrefillingPrompts(stale_s=10 * LONG_PROMPT_LOG_INTERVAL_S)
+        self.long_prompts = PrefillingPrompts(stale_s=10 * LONG_PROMPT_LOG_INTERVAL_S, clock=clock)
         self.envoy_load = EnvoyLoad(self.load_reports, self.long_prompts)
         store = MetricsStore()
         self.pods = PodMetricsSource(store, clock=clock)
@@ -110,7 +110,7 @@ class XdsApplication:
                 namespaces=k.watch_namespaces,
                 on_config=self.submit_config,
                 telemetry=self._kubernetes_telemetry,
-                watcher_options=k.watcher_options,
+                watch=k.watch,
             )
         self._admin = AdminServer(
             make_admin_app(

@@ -3,12 +3,23 @@ ConfigMap, config.py): where to listen, where the config comes from, timings."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-__all__ = ["KubernetesSettings", "ServerSettings"]
+__all__ = ["KubernetesSettings", "ServerSettings", "WatchSettings"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WatchSettings:
+    """How every Kubernetes list + watch retries (sources/kubernetes/watch.py)."""
+
+    # Waits between attempts after a failed list or watch, one rung per failure in a row.
+    backoff_s: tuple[float, ...] = (0.2, 0.5, 1, 2, 5, 10)
+    # The server-side timeout of one watch request; the watch is then resumed.
+    watch_timeout_s: int = 300
+    # How often a resource kind the API server does not serve (a CRD not installed) is
+    # looked for again.
+    absent_retry_s: float = 30.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,8 +35,7 @@ class KubernetesSettings:
     # The API server: None means in-cluster, else the kubeconfig; `api_host` is for tests.
     api_host: str | None = None
     kubeconfig: Path | None = None
-    # ResourceWatcher keyword options (backoff ladder, watch timeout), for tests.
-    watcher_options: Mapping[str, Any] = field(default_factory=dict)
+    watch: WatchSettings = field(default_factory=WatchSettings)
 
 
 @dataclass(frozen=True, kw_only=True)

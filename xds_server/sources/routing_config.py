@@ -38,7 +38,7 @@ def routing_config_documents(
             name=k.configmap,
             events=EventRecorder(kubernetes_api, telemetry=telemetry),
             telemetry=telemetry,
-            watcher_options=k.watcher_options,
+            watch=k.watch,
         )
     assert settings.config_path is not None  # ServerSettings refuses settings without either
     return watch_config_file(settings.config_path, interval_s=settings.config_poll_s)

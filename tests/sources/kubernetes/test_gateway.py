@@ -19,13 +19,13 @@ import yaml
 
 from tests.e2e.conftest import chat, eventually, served_by
 from tests.sources.kubernetes.apiserver import ApiServerDouble
-from xds_server.settings import KubernetesSettings
+from xds_server.settings import KubernetesSettings, WatchSettings
 from xds_testbed.backends import ExampleBackend
 from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 NAMESPACE = "ml"
 CONFIGMAP = "xds-server-config"
-FAST_WATCHES = {"backoff_s": (0.05, 0.1, 0.2)}
+FAST_WATCHES = WatchSettings(backoff_s=(0.05, 0.1, 0.2))
 
 
 def config_document(**pool: Any) -> str:
@@ -109,7 +109,7 @@ async def gateway_on(apiserver: ApiServerDouble) -> AsyncIterator[LocalGateway]:
         watch_namespaces=(NAMESPACE,),
         configmap=CONFIGMAP,
         api_host=apiserver.url,
-        watcher_options=FAST_WATCHES,
+        watch=FAST_WATCHES,
     )
     async with run_local_gateway(None, kubernetes=settings) as gateway:
         yield gateway

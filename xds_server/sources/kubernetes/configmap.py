@@ -19,8 +19,9 @@ import kubernetes
 
 from xds_server.config import RoutingConfig, parse_config
 from xds_server.errors import ConfigError
+from xds_server.settings import WatchSettings
 from xds_server.sources.kubernetes.events import EventRecorder
-from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher
+from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher, watch_options
 from xds_server.telemetry.kubernetes import KubernetesTelemetry
 
 __all__ = ["CONFIG_KEY", "watch_configmap"]
@@ -47,7 +48,7 @@ async def watch_configmap(
     name: str,
     events: EventRecorder,
     telemetry: KubernetesTelemetry | None = None,
-    watcher_options: Mapping[str, Any] | None = None,
+    watch: WatchSettings | None = None,
 ) -> AsyncIterator[RoutingConfig | ConfigError]:
     """Yield the parsed config once the ConfigMap is listed and after every change of its
     content; errors are yielded (and recorded as Events), not raised."""
@@ -64,7 +65,7 @@ async def watch_configmap(
         ),
         on_change=changed.set,
         telemetry=telemetry,
-        **dict(watcher_options or {}),
+        **watch_options(watch or WatchSettings()),
     )
     task = asyncio.create_task(watcher.run(), name="watch-configmap")
     last_digest: bytes | None = None

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import kubernetes
 
 from xds_server.config import RoutingConfig
+from xds_server.settings import WatchSettings
 from xds_server.sources.kubernetes.inventory import (
     ClusterView,
     PodWatch,
@@ -29,7 +30,7 @@ from xds_server.sources.kubernetes.inventory import (
     pod_watches,
     pools_with_selectors,
 )
-from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher
+from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher, watch_options
 from xds_server.telemetry.kubernetes import KubernetesTelemetry
 
 __all__ = ["INFERENCE_KINDS", "KubernetesDiscovery"]
@@ -58,13 +59,13 @@ class KubernetesDiscovery:
         namespaces: Iterable[str],
         on_config: Callable[[RoutingConfig], None],
         telemetry: KubernetesTelemetry | None = None,
-        watcher_options: Mapping[str, Any] | None = None,
+        watch: WatchSettings | None = None,
     ) -> None:
         self._api = api_client
         self.namespaces = tuple(dict.fromkeys(namespaces))
         self._on_config = on_config
         self._telemetry = telemetry
-        self._options = dict(watcher_options or {})
+        self._options = watch_options(watch or WatchSettings())
         self._base: RoutingConfig | None = None
         self._inference: dict[str, list[ResourceWatcher]] = {}
         self._pods: dict[PodWatch, ResourceWatcher] = {}

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import kubernetes.client
 
 from xds_server.errors import KubernetesError
+from xds_server.settings import WatchSettings
 from xds_server.sources.kubernetes.client import (
     BlockingCall,
     CallMarker,
@@ -60,6 +61,7 @@ __all__ = [
     "ResourceKind",
     "ResourceWatcher",
     "WatchObserver",
+    "watch_options",
 ]
 
 logger = logging.getLogger(__name__)
@@ -498,3 +500,12 @@ if TYPE_CHECKING:  # KubernetesTelemetry is what watchers report to (checked by 
 
     def _conforms(telemetry: KubernetesTelemetry) -> WatchObserver:
         return telemetry
+
+
+def watch_options(settings: WatchSettings) -> dict[str, Any]:
+    """`settings` as ResourceWatcher's keyword arguments."""
+    return {
+        "backoff_s": settings.backoff_s,
+        "watch_timeout_s": settings.watch_timeout_s,
+        "absent_retry_s": settings.absent_retry_s,
+    }
