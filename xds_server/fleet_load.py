@@ -66,8 +66,7 @@ class EnvoyLoad:
         rates = {band: [self._reports.rates(c) for c in cs] for band, cs in clusters.items()}
         return BandLoad(
             in_flight={
-                band: sum(self._reports.in_progress(c) for c in cs)
-                for band, cs in clusters.items()
+                band: sum(self._reports.in_progress(c) for c in cs) for band, cs in clusters.items()
             },
             completions_per_s=sum(r.successful_per_s for rs in rates.values() for r in rs),
             issued_per_s={band: sum(r.issued_per_s for r in rs) for band, rs in rates.items()},

@@ -24,6 +24,7 @@ class Observations(Protocol):
 
     def observations(self) -> Mapping[str, PodObservation]: ...
 
+
 _LABELS = ["pool", "pod"]
 
 # Each family: its key in `collect`, its name and its documentation.

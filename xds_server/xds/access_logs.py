@@ -54,7 +54,6 @@ logger = logging.getLogger(__name__)
 ALS_SERVICE = "envoy.service.accesslog.v3.AccessLogService"
 
 
-
 @dataclass(frozen=True)
 class _Stream:
     """One upstream stream: the ALS stream it was logged on, and what tells it apart there.
@@ -171,9 +170,7 @@ class AccessLogStream:
     """The state of one ALS stream: the first message names the Envoy (and the log), each
     message carries HTTP log entries, which go to `prompts`."""
 
-    def __init__(
-        self, *, stream_id: int, prompts: PrefillingPrompts, telemetry: Telemetry
-    ) -> None:
+    def __init__(self, *, stream_id: int, prompts: PrefillingPrompts, telemetry: Telemetry) -> None:
         self.stream_id = stream_id
         self._prompts = prompts
         self._telemetry = telemetry

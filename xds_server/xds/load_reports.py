@@ -41,7 +41,6 @@ from xds_server.xds.cache import NodeHash, by_node_cluster
 __all__ = ["ClusterLoad", "LoadReports", "NodeLoad", "Rates"]
 
 
-
 @dataclass(frozen=True)
 class Rates:
     """Requests per second over the last report interval(s), summed over Envoys."""
@@ -85,9 +84,7 @@ class ClusterLoad:
                 if endpoint.total_requests_in_progress:
                     address = endpoint.address.socket_address
                     key = f"{address.address}:{address.port_value}"
-                    by_endpoint[key] = (
-                        by_endpoint.get(key, 0) + endpoint.total_requests_in_progress
-                    )
+                    by_endpoint[key] = by_endpoint.get(key, 0) + endpoint.total_requests_in_progress
         return cls(
             in_progress=sum(s.total_requests_in_progress for s in localities),
             by_endpoint=by_endpoint,
