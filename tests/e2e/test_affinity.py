@@ -2,7 +2,7 @@
 affinity with bounded load, and health (panic mode off).
 
 One gateway (this server and a real Envoy) and four example backends serve the whole
-module. The policy's DesiredState (which adapters each pod holds, its weight and health)
+module. The policy's Decision (which adapters each pod holds, its weight and health)
 is injected the way the controller will push it: a snapshot built by the Envoy builders,
 set in the server's cache, and waited on until Envoy ACKs it. The controller does not
 rebuild meanwhile: the config file does not change, and its pools are not GPU-aware, so

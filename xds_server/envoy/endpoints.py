@@ -2,7 +2,7 @@
 
 This is the resource the slow loop changes: weights and health from GPU metrics, and the
 LoRA adapters each pod holds. Clusters, listeners and routes depend only on the routing
-config, so a new desired state is an EDS-only push (no connection churn).
+config, so a new decision is an EDS-only push (no connection churn).
 
 A pool the policy decided on (present in `Decision.pools`) takes its endpoints from
 there; any other pool takes them from the config, as written. Per endpoint:
