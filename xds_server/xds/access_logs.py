@@ -72,7 +72,7 @@ class PrefillingPrompts:
 
     Mutable state: `_open` (cluster -> endpoint -> stream -> monotonic time last heard of)
     and `_nodes` (ALS stream -> node id). Runs on the event loop; the ALS streams call
-    `open`, `logged` and `close`. `on_change` is called with the clusters whose prefilling
+    `open`, `logged` and `close`. The subscriber is called with the clusters whose prefilling
     streams changed.
     """
 

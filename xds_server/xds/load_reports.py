@@ -20,7 +20,8 @@ known per endpoint ("address:port").
 One entry per open LRS stream (an Envoy); it is forgotten when the stream closes, so sums
 are over the Envoys connected now. This is what flow control needs to see every band's
 requests in flight across all Envoys, and the policy to see which pods are busy with long
-prompts: `on_change` hears of every cluster whose requests in flight per endpoint changed.
+prompts: a subscriber (`subscribe`) hears of every cluster whose requests in flight per
+endpoint changed.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class LoadReports:
     """The latest load report of every connected Envoy, and sums over them.
 
     Mutable state: `_nodes` (stream id -> NodeLoad). Everything runs on one event loop; the
-    LRS streams (load_stats.py) call `open`, `report` and `close`. `on_change` is called
+    LRS streams (load_stats.py) call `open`, `report` and `close`. The subscriber is called
     with the clusters whose requests in flight per endpoint a report (or a closed stream)
     changed.
     """
