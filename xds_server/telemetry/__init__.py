@@ -5,6 +5,7 @@
     kubernetes.py  KubernetesTelemetry: list/watch and Events
     pods.py        PodCollector: xds_pod_* per pod, read at scrape time
     bands.py       BandCollector: xds_band_* and xds_pool_* (flow control), read at scrape time
+    load_reports.py  InProgressCollector: xds_lrs_requests_in_progress, read at scrape time
 
 The components that produce the numbers do not know Prometheus where they can avoid it:
 the scraper and the watchers report through small observer protocols, and the collectors

@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import load_report_pb2
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from xds_server.clock import Clock
 from xds_server.telemetry import Telemetry
+from xds_server.telemetry.load_reports import InProgressCollector
 from xds_server.xds.cache import NodeHash, by_node_cluster
 
 __all__ = ["ClusterLoad", "LoadReports", "NodeLoad", "Rates"]
@@ -133,7 +132,7 @@ class LoadReports:
         self._nodes: dict[int, NodeLoad] = {}
         # Per cluster, over every report since the server started: [issued, dropped].
         self._totals: dict[str, list[int]] = {}
-        telemetry.registry.register(_InProgressCollector(self))
+        telemetry.registry.register(InProgressCollector(self))
 
     # -- updates (from the LRS streams) ----------------------------------------------------
 
@@ -254,29 +253,3 @@ class LoadReports:
             }
             for e in self._nodes.values()
         ]
-
-
-class _InProgressCollector:
-    """`xds_lrs_requests_in_progress{cluster}`, computed from the reports at scrape time."""
-
-    def __init__(self, reports: LoadReports) -> None:
-        self._reports = reports
-
-    def describe(self) -> list[GaugeMetricFamily]:
-        return [self._family()]
-
-    def _family(self) -> GaugeMetricFamily:
-        return GaugeMetricFamily(
-            "xds_lrs_requests_in_progress",
-            "Requests in flight per cluster, summed over the connected Envoys' load reports.",
-            labels=["cluster"],
-        )
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        family = self._family()
-        for cluster in sorted(self._reports.clusters()):
-            family.add_metric([cluster], self._reports.in_progress(cluster))
-        yield family
-
-
-_: type[Collector] = _InProgressCollector
