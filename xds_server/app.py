@@ -1,9 +1,9 @@
 """The composition root: every part of the server, built in order and started together.
 
-    sources (config, Kubernetes, pod metrics) ─┐
-    xDS edge (LRS load reports, ALS long prompts) ─ fleet_load ─┤
-                                                               ▼
-                                controller ── policy.decide ── snapshots ── xds cache ── ADS
+    sources: config file or ConfigMap, Kubernetes, pod metrics ──┐
+    xDS edge: LRS load reports, ALS long prompts ── fleet_load ──┤
+                                                                 ▼
+    controller ── policy.decide ── snapshots ── xds cache ── ADS, to every Envoy
 
 `XdsApplication` is an async context manager so that the CLI, the local demo and the tests
 start and stop exactly the same thing. What it opens is kept on an AsyncExitStack: a part
