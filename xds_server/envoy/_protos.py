@@ -10,9 +10,15 @@ __all__ = ["duration", "pack", "uint32"]
 
 
 def pack(message: _Any) -> _Any:
-    """`message` packed into a `google.protobuf.Any` (for `typed_config` fields)."""
+    """`message` packed into a `google.protobuf.Any` (for `typed_config` fields).
+
+    Serialized deterministically: the packed bytes are part of the enclosing resource, whose
+    version is a hash of them, and a map inside (a `Struct`'s fields, as in the local reply
+    bodies) would otherwise come out in an order that differs between processes, so that
+    replicas and restarts would disagree on versions of identical resources.
+    """
     packed = any_pb2.Any()
-    packed.Pack(message)
+    packed.Pack(message, deterministic=True)
     return packed
 
 
