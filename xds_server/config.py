@@ -35,6 +35,7 @@ __all__ = [
     "RoutingConfig",
     "ScorerWeights",
     "UpdatesConfig",
+    "UpstreamConfig",
     "load_config",
     "parse_config",
 ]
@@ -183,6 +184,33 @@ class ListenerConfig(_Strict):
         return EndpointConfig._ip_address(value)
 
 
+class UpstreamConfig(_Strict):
+    """How Envoy treats a model server that fails: retries, ejection and hard limits.
+
+    Retries: a request that never got response headers (connect failure, refused stream,
+    reset before headers) is tried again on another pod, up to `retries` times; never
+    after the first response byte. Retries in flight are at most `retry_budget_percent`
+    of the requests in flight per cluster (at least `min_retry_concurrency`), so a failing
+    fleet is not hit twice as hard. Ejection (outlier detection): a pod with
+    `eject_after_failures` connect failures, resets or timeouts in a row is out of that
+    Envoy's rotation for `ejection_s` (longer each time it is ejected again, up to
+    `max_ejection_s`), at most `max_ejection_percent` of a pool at once (Envoy always
+    allows one). Circuit breaker of each pool cluster: `max_requests` in flight,
+    `max_pending_requests` waiting for a connection, `max_connections` open.
+    """
+
+    retries: Annotated[int, Field(ge=0, le=10)] = 2
+    retry_budget_percent: Annotated[float, Field(gt=0, le=100)] = 20.0
+    min_retry_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 3
+    eject_after_failures: Annotated[int, Field(ge=1, le=1000)] = 3
+    ejection_s: Annotated[float, Field(gt=0, le=3600)] = 2.0
+    max_ejection_s: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    max_ejection_percent: Annotated[int, Field(ge=0, le=100)] = 50
+    max_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 100_000
+    max_pending_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 100_000
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 100_000
+
+
 class ScorerWeights(_Strict):
     """Exponents of each scorer in the weight formula (0 turns a scorer off); see the README."""
 
@@ -316,6 +344,7 @@ class RoutingConfig(_Strict):
     """The whole routing document."""
 
     listener: ListenerConfig = ListenerConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
     pools: Annotated[tuple[PoolConfig, ...], Field(min_length=1)]
     # Weighted splits between model names (canary); see ModelRewrite.
     model_rewrites: tuple[ModelRewrite, ...] = ()

@@ -8,7 +8,7 @@ from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
 
-from xds_server.config import RoutingConfig
+from xds_server.config import RoutingConfig, parse_config
 from xds_server.envoy import (
     build_cluster,
     build_clusters,
@@ -281,10 +281,19 @@ def test_flow_control_adds_band_clusters_copying_the_pools_clusters(
             assert threshold.max_pending_requests.value == 1_000_000
             assert threshold.max_connections.value == 1_000_000
             assert threshold.track_remaining
+            # The same retry budget as the pool's own clusters.
+            (own,) = plain[base].circuit_breakers.thresholds
+            assert threshold.retry_budget == own.retry_budget
             cluster.ClearField("circuit_breakers")
             cluster.name = base
-        # Same policy, subsets, EDS service name and upstream settings as the pool's own.
-        assert cluster == plain[base], name
+        else:
+            cluster.ClearField("circuit_breakers")
+        # Same policy, subsets, EDS service name, ejection and upstream settings as the
+        # pool's own.
+        expected_base = cluster_pb2.Cluster()
+        expected_base.CopyFrom(plain[base])
+        expected_base.ClearField("circuit_breakers")
+        assert cluster == expected_base, name
 
 
 def test_band_cluster_names() -> None:
@@ -292,3 +301,25 @@ def test_band_cluster_names() -> None:
     assert names.band_cluster_name("llama", "critical", "session") == "llama/session/critical"
     assert names.band_cluster_name("llama", "standard", "long") == "llama/long/standard"
     assert names.lane_cluster_name("llama", "long") == "llama/long"
+
+
+def test_pool_clusters_set_limits_retry_budget_and_ejection_from_config() -> None:
+    config = parse_config(
+        """
+        upstream: {max_requests: 500, retry_budget_percent: 25, eject_after_failures: 2,
+                   max_ejection_percent: 40}
+        pools: [{name: p, models: [m], session_affinity: true}]
+        """
+    )
+    for cluster in build_clusters(config):
+        (threshold,) = cluster.circuit_breakers.thresholds
+        assert threshold.max_requests.value == 500  # not Envoy's built-in 1,024
+        assert threshold.retry_budget.budget_percent.value == 25
+        assert threshold.retry_budget.min_retry_concurrency.value == 3
+        outliers = cluster.outlier_detection
+        assert outliers.split_external_local_origin_errors
+        assert outliers.consecutive_local_origin_failure.value == 2
+        assert outliers.enforcing_consecutive_local_origin_failure.value == 100
+        # HTTP 5xx answers never eject: a bad request can cause one on a healthy pod.
+        assert outliers.enforcing_consecutive_5xx.value == 0
+        assert outliers.max_ejection_percent.value == 40

@@ -122,15 +122,35 @@ def test_content_type_regex() -> None:
 
 def test_envoy_made_errors_are_json(config: RoutingConfig) -> None:
     hcm = hcm_of(build_listeners(config)[0])
-    too_large, no_endpoint = hcm.local_reply_config.mappers
+    too_large, *flagged = hcm.local_reply_config.mappers
     assert too_large.filter.status_code_filter.comparison.value.default_value == 413
     error = too_large.body_format_override.json_format["error"]
     assert error["code"] == "request_too_large"
     assert "10485760 bytes" in error["message"]
-    assert list(no_endpoint.filter.response_flag_filter.flags) == ["UH"]
-    error = no_endpoint.body_format_override.json_format["error"]
-    assert error["code"] == "no_healthy_upstream"
-    assert error["type"] == "server_error"
+    # Each cause its code, in first-match order; the last one catches any other flag.
+    by_flags = {
+        tuple(m.filter.response_flag_filter.flags): m.body_format_override.json_format["error"]
+        for m in flagged
+    }
+    assert {flags: e["code"] for flags, e in by_flags.items()} == {
+        ("UH",): "no_healthy_upstream",
+        ("UO",): "overloaded",
+        ("UF", "UC", "UR", "URX", "LR"): "upstream_unavailable",
+        ("UT",): "upstream_timeout",
+        ("NR",): "no_route",
+        (): "gateway_error",
+    }
+    assert list(by_flags)[-1] == ()
+    assert all(e["type"] == "server_error" for e in by_flags.values())
+    waits = {
+        tuple(m.filter.response_flag_filter.flags): [
+            (h.header.key, h.header.value) for h in m.headers_to_add
+        ]
+        for m in flagged
+    }
+    for flags in (("UO",), ("UF", "UC", "UR", "URX", "LR")):
+        assert waits[flags] == [("retry-after", "1")]
+    assert waits[("UH",)] == waits[("UT",)] == waits[("NR",)] == []
 
 
 def test_ipv6_any_address_accepts_ipv4(config: RoutingConfig) -> None:
@@ -190,9 +210,12 @@ def test_flow_control_maps_a_full_band_to_429_with_retry_after(config: RoutingCo
     banded = hcm_of(
         build_listeners(config.model_copy(update={"flow_control": flow}))[0]
     ).local_reply_config
-    # The 413 and the 503 (no healthy endpoint) mappers stay as they were, first.
-    assert list(banded.mappers)[:-1] == list(plain.mappers)
-    full = banded.mappers[-1]
+    # The band's 429 takes the place of the pool's 503 `overloaded`; the others stay.
+    assert len(banded.mappers) == len(plain.mappers)
+    for with_bands, without in zip(banded.mappers, plain.mappers, strict=True):
+        if list(without.filter.response_flag_filter.flags) != ["UO"]:
+            assert with_bands == without
+    (full,) = [m for m in banded.mappers if list(m.filter.response_flag_filter.flags) == ["UO"]]
     assert list(full.filter.response_flag_filter.flags) == ["UO"]
     assert full.status_code.value == 429
     (header,) = full.headers_to_add

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from typing import Any as _Any
 
-from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import base_pb2, config_source_pb2, extension_pb2
 from envoy.extensions.load_balancing_policies.common.v3 import common_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
@@ -112,7 +112,7 @@ def build_band_clusters(config: RoutingConfig, pool: PoolConfig) -> list[_Any]:
             cluster = cluster_pb2.Cluster()
             cluster.CopyFrom(base)
             cluster.name = names.band_cluster_name(pool.name, band, lane)
-            cluster.circuit_breakers.CopyFrom(_band_circuit_breakers())
+            cluster.circuit_breakers.CopyFrom(_band_circuit_breakers(config))
             clusters.append(cluster)
     return clusters
 
@@ -123,19 +123,61 @@ def _lane_cluster(config: RoutingConfig, pool: PoolConfig, lane: Lane) -> _Any:
     return build_cluster(config, pool, long_prompts=lane == "long")
 
 
-def _band_circuit_breakers() -> _Any:
+def _band_circuit_breakers(config: RoutingConfig) -> _Any:
+    return _circuit_breakers(
+        config,
+        max_requests=BAND_MAX_REQUESTS,
+        max_pending_requests=BAND_MAX_REQUESTS,
+        max_connections=BAND_MAX_REQUESTS,
+    )
+
+
+def _circuit_breakers(
+    config: RoutingConfig, *, max_requests: int, max_pending_requests: int, max_connections: int
+) -> _Any:
+    """The default-priority thresholds, with the retry budget (config.upstream): retries in
+    flight at most a share of the requests in flight, so they cannot amplify an overload."""
+    upstream = config.upstream
     thresholds = circuit_breaker_pb2.CircuitBreakers.Thresholds
     return circuit_breaker_pb2.CircuitBreakers(
         thresholds=[
             thresholds(
                 priority=base_pb2.DEFAULT,
-                max_requests=_protos.uint32(BAND_MAX_REQUESTS),
-                max_pending_requests=_protos.uint32(BAND_MAX_REQUESTS),
-                max_connections=_protos.uint32(BAND_MAX_REQUESTS),
-                # circuit_breakers.default.remaining_rq in stats: what the band has left.
+                max_requests=_protos.uint32(max_requests),
+                max_pending_requests=_protos.uint32(max_pending_requests),
+                max_connections=_protos.uint32(max_connections),
+                retry_budget=thresholds.RetryBudget(
+                    budget_percent=percent_pb2.Percent(value=upstream.retry_budget_percent),
+                    min_retry_concurrency=_protos.uint32(upstream.min_retry_concurrency),
+                ),
+                # circuit_breakers.default.remaining_rq in stats: what the cluster has left.
                 track_remaining=True,
             )
         ]
+    )
+
+
+def _outlier_detection(config: RoutingConfig) -> _Any:
+    """Ejection on local-origin failures only (connect failures, resets, timeouts: the pod
+    is gone or stuck), not on HTTP 5xx answers, which a bad request can cause on a healthy
+    pod. Each Envoy ejects at once on the Nth failure in a row, before this server has seen
+    the pod fail a scrape; success-rate ejection is off (it needs request volume a GPU pod
+    does not have, and would fight the policy's weights)."""
+    upstream = config.upstream
+    return outlier_detection_pb2.OutlierDetection(
+        split_external_local_origin_errors=True,
+        consecutive_local_origin_failure=_protos.uint32(upstream.eject_after_failures),
+        enforcing_consecutive_local_origin_failure=_protos.uint32(100),
+        enforcing_consecutive_5xx=_protos.uint32(0),
+        enforcing_consecutive_gateway_failure=_protos.uint32(0),
+        enforcing_success_rate=_protos.uint32(0),
+        enforcing_local_origin_success_rate=_protos.uint32(0),
+        enforcing_failure_percentage=_protos.uint32(0),
+        enforcing_failure_percentage_local_origin=_protos.uint32(0),
+        interval=_protos.duration(1.0),
+        base_ejection_time=_protos.duration(upstream.ejection_s),
+        max_ejection_time=_protos.duration(max(upstream.ejection_s, upstream.max_ejection_s)),
+        max_ejection_percent=_protos.uint32(upstream.max_ejection_percent),
     )
 
 
@@ -192,6 +234,14 @@ def _eds_cluster(config: RoutingConfig, name: str, policy: _Any, *, service_name
         common_lb_config=cluster_pb2.Cluster.CommonLbConfig(
             healthy_panic_threshold=percent_pb2.Percent(value=0.0)
         ),
+        # Set, not Envoy's built-in 1,024 requests: the limits are the config's.
+        circuit_breakers=_circuit_breakers(
+            config,
+            max_requests=config.upstream.max_requests,
+            max_pending_requests=config.upstream.max_pending_requests,
+            max_connections=config.upstream.max_connections,
+        ),
+        outlier_detection=_outlier_detection(config),
         # Upstreams speak HTTP/1.1, Envoy's default: every OpenAI-compatible model
         # server does, and SSE needs nothing more.
     )

@@ -24,13 +24,20 @@ One listener, one HTTP connection manager (HCM), and its HTTP filters:
    while it lasts, and when it ends. The policy learns from it which pod just took a long
    prompt, and when its prefill is over (xds/access_logs.py).
 
-Refusals Envoy makes itself get OpenAI-style JSON bodies (`local_reply_config`): 413 for a
-body over the limit, 503 when a pool has no healthy endpoint (response flag UH: no ready
-pod), and with flow control a 429 when a band cluster's circuit breaker refuses a request
-(flag UO: it never reached a model server). The 429 carries `retry-after` and a message
-naming the band and the pool, both read from the matched route's metadata
-(`%METADATA(ROUTE:llm:retry_after_s)%`, routes.py): verified on Envoy 1.40, so Retry-After
-follows the policy through RDS without a listener update (which would drain connections).
+Every reply Envoy makes itself gets an OpenAI-style JSON body (`local_reply_config`) with a
+stable `code`: 413 `request_too_large` for a body over the limit; 503
+`no_healthy_upstream` when a pool has no healthy endpoint (response flag UH: no ready pod);
+with flow control, 429 `rate_limit_exceeded` when a band cluster's circuit breaker refuses
+a request (flag UO: it never reached a model server), else 503 `overloaded` for the pool
+cluster's own circuit breaker; 503 `upstream_unavailable` when the pod failed before
+answering and retries could not save the request (UF, UC, UR, URX, LR); 504
+`upstream_timeout` (UT); 404 `no_route` (NR); and `gateway_error`, with Envoy's own words
+and status, for any other flagged reply. `upstream_unavailable` and `overloaded` say
+`retry-after: 1`. The 429 carries
+`retry-after` and a message naming the band and the pool, both read from the matched
+route's metadata (`%METADATA(ROUTE:llm:retry_after_s)%`, routes.py): verified on Envoy 1.40,
+so Retry-After follows the policy through RDS without a listener update (which would drain
+connections).
 
 Routes come over RDS on the ADS stream, so a route change never touches the listener
 (a listener update drains its connections).
@@ -68,6 +75,7 @@ __all__ = [
     "LONG_PROMPT_LOG_INTERVAL_S",
     "RETRY_AFTER_HEADER",
     "ROUTER_FILTER",
+    "UNAVAILABLE_RETRY_AFTER_S",
     "build_http_connection_manager",
     "build_listeners",
 ]
@@ -84,8 +92,11 @@ GRPC_ACCESS_LOG = "envoy.access_loggers.http_grpc"
 LONG_PROMPT_LOG = "long_prompts"
 LONG_PROMPT_LOG_INTERVAL_S = 0.1
 
-# Set on the 429 of a full band (RFC 9110 10.2.3: delay in seconds).
+# Set on the 429 of a full band (RFC 9110 10.2.3: delay in seconds), and on the 503s of a
+# pod that failed or a full pool cluster, where waiting a moment helps: the retries have
+# already tried other pods, and the server takes a failed pod out within a scrape interval.
 RETRY_AFTER_HEADER = "retry-after"
+UNAVAILABLE_RETRY_AFTER_S = 1
 
 # RE2, matched against the whole content-type. Without it json_to_metadata accepts only
 # the exact string `application/json` and treats `application/json; charset=utf-8` as an
@@ -242,9 +253,9 @@ def _json_to_metadata(sessions: bool) -> _Any:
 
 
 def _local_replies(config: RoutingConfig) -> _Any:
-    # Replies Envoy makes itself are plain text by default; give clients the JSON error
-    # shape of the routes' refusals for the two that this config makes likely. (The
-    # routes' own direct responses match neither filter and keep their bodies.)
+    """Every reply Envoy makes itself as OpenAI-style JSON, with a stable `code` per cause
+    (module docstring). Mappers are tried in order and the first that matches wins; the
+    routes' own direct responses carry no response flag and keep their bodies."""
     too_large = _error_bodies.error_format(
         message=(
             f"The request body is larger than the gateway's limit of "
@@ -253,28 +264,74 @@ def _local_replies(config: RoutingConfig) -> _Any:
         code="request_too_large",
         param=None,
     )
-    no_endpoint = _error_bodies.error_format(
-        message="No healthy endpoint is available for the requested model; retry later.",
-        code="no_healthy_upstream",
-        param=None,
-        error_type="server_error",
-    )
-    config_mappers = hcm_pb2.LocalReplyConfig(
-        mappers=[
-            # The body is over the route's buffer limit (json_to_metadata buffers it).
-            hcm_pb2.ResponseMapper(filter=_status_filter(413), body_format_override=too_large),
-            # The pool has no endpoint, or none healthy (response flag UH).
-            hcm_pb2.ResponseMapper(
-                filter=accesslog_pb2.AccessLogFilter(
-                    response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=["UH"])
-                ),
-                body_format_override=no_endpoint,
-            ),
-        ]
-    )
+    mappers = [
+        # The body is over the route's buffer limit (json_to_metadata buffers it).
+        hcm_pb2.ResponseMapper(filter=_status_filter(413), body_format_override=too_large),
+        # The pool has no endpoint, or none healthy: no ready pod. No Retry-After: nothing
+        # says one will be ready soon (it takes a new pod, or a stale one coming back).
+        _flagged(
+            ["UH"],
+            code="no_healthy_upstream",
+            message="No healthy endpoint is available for the requested model; retry later.",
+        ),
+    ]
     if config.flow_control.enabled:
-        config_mappers.mappers.append(_band_full())
-    return config_mappers
+        mappers.append(_band_full())
+    else:
+        # The pool cluster's circuit breaker (config.upstream.max_requests) is full.
+        mappers.append(
+            _flagged(
+                ["UO"],
+                code="overloaded",
+                message="The gateway has too many requests in flight for this model; retry "
+                "later.",
+                retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
+            )
+        )
+    mappers += [
+        # The pod could not be reached or dropped the request before answering, and the
+        # retries on other pods (routes.py) failed too or were not allowed.
+        _flagged(
+            ["UF", "UC", "UR", "URX", "LR"],
+            code="upstream_unavailable",
+            message="The model server failed before answering: %LOCAL_REPLY_BODY%",
+            retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
+        ),
+        _flagged(
+            ["UT"],
+            code="upstream_timeout",
+            message="The model server did not answer within the gateway's request timeout.",
+        ),
+        _flagged(["NR"], code="no_route", message="No route serves this request."),
+        # Anything else Envoy refuses itself keeps its status and says why.
+        _flagged([], code="gateway_error", message="%LOCAL_REPLY_BODY%"),
+    ]
+    return hcm_pb2.LocalReplyConfig(mappers=mappers)
+
+
+def _flagged(
+    flags: list[str], *, code: str, message: str, retry_after_s: int | None = None
+) -> _Any:
+    """A mapper for the local replies with one of `flags` (any flag when empty): a JSON
+    body with `code`, and `retry-after` when waiting helps."""
+    mapper = hcm_pb2.ResponseMapper(
+        filter=accesslog_pb2.AccessLogFilter(
+            response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=flags)
+        ),
+        body_format_override=_error_bodies.error_format(
+            message=message, code=code, param=None, error_type="server_error"
+        ),
+    )
+    if retry_after_s is not None:
+        mapper.headers_to_add.append(_retry_after(str(retry_after_s)))
+    return mapper
+
+
+def _retry_after(value: str) -> _Any:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=RETRY_AFTER_HEADER, value=value),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
 
 
 def _band_full() -> _Any:
@@ -297,12 +354,7 @@ def _band_full() -> _Any:
             response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=["UO"])
         ),
         status_code=wrappers_pb2.UInt32Value(value=429),
-        headers_to_add=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=RETRY_AFTER_HEADER, value=wait),
-                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-            )
-        ],
+        headers_to_add=[_retry_after(wait)],
         body_format_override=body,
     )
 

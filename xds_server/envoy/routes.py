@@ -91,6 +91,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
+from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
 from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
@@ -112,10 +113,16 @@ from xds_server.policy.admission import PoolAdmission
 __all__ = [
     "MAX_ECHOED_MODEL_CHARS",
     "MAX_SESSION_KEY_CHARS",
+    "PREVIOUS_HOSTS_PREDICATE",
+    "RETRY_ON",
     "SESSION_KEY_REGEX",
     "build_routes",
     "retry_after_of",
 ]
+
+# What a route retries (_add_retries): failures before any response byte came.
+RETRY_ON = "connect-failure,refused-stream,reset"
+PREVIOUS_HOSTS_PREDICATE = "envoy.retry_host_predicates.previous_hosts"
 
 # Error messages echo the requested model, truncated to this many characters so a huge
 # `model` value does not come back in full (the formatter's `:N` suffix).
@@ -339,6 +346,7 @@ def _split(
         weighted_clusters=rc_pb2.WeightedCluster(clusters=clusters),
         timeout=_protos.duration(config.listener.request_timeout_s),
     )
+    _add_retries(config, action)
     return rc_pb2.Route(name=f"split-{kind}/{rewrite.model}", match=match, route=action)
 
 
@@ -419,6 +427,7 @@ def _action(
         # generations; 0 disables the timeout.
         timeout=_protos.duration(config.listener.request_timeout_s),
     )
+    _add_retries(config, action)
     if adapter:
         action.metadata_match.CopyFrom(_lora_subset(model))
     if hashed:
@@ -428,6 +437,39 @@ def _action(
             )
         )
     return action
+
+
+def _add_retries(config: RoutingConfig, action: _Any) -> None:
+    """Retry a request that never got response headers on another pod (config.upstream).
+
+    `connect-failure` and `refused-stream` are a pod that is gone or refuses; `reset` is a
+    pod that reset the stream before answering (a crash mid-prefill): a generation can be
+    started again from scratch. Envoy never retries once the response has begun, so a
+    stream that was already answering is not repeated. `previous_hosts` sends each retry
+    to a pod not tried yet (on the session ring too: the next host on it). The cluster's
+    retry budget (clusters.py) bounds how many retries run at once.
+    """
+    retries = config.upstream.retries
+    if retries == 0:
+        return
+    retry = rc_pb2.RetryPolicy
+    action.retry_policy.CopyFrom(
+        retry(
+            retry_on=RETRY_ON,
+            num_retries=_protos.uint32(retries),
+            retry_host_predicate=[
+                retry.RetryHostPredicate(
+                    name=PREVIOUS_HOSTS_PREDICATE,
+                    typed_config=_protos.pack(previous_hosts_pb2.PreviousHostsPredicate()),
+                )
+            ],
+            # Draws of the balancer before it settles for a host already tried.
+            host_selection_retry_max_attempts=5,
+            retry_back_off=retry.RetryBackOff(
+                base_interval=_protos.duration(0.025), max_interval=_protos.duration(0.25)
+            ),
+        )
+    )
 
 
 def _lora_subset(adapter: str) -> _Any:
