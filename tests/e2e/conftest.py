@@ -13,7 +13,10 @@ import pytest
 import yaml
 
 from xds_testbed.backends import BACKEND_ID_HEADER, ExampleBackend
+from xds_testbed.faults import FaultyServer
 from xds_testbed.gateway import LocalGateway, run_local_gateway
+
+Endpoint = ExampleBackend | FaultyServer
 
 
 class ConfigFile:
@@ -24,7 +27,7 @@ class ConfigFile:
 
     def write(
         self,
-        pools: Mapping[str, tuple[Iterable[str], Iterable[tuple[ExampleBackend, int]]]],
+        pools: Mapping[str, tuple[Iterable[str], Iterable[tuple[Endpoint, int]]]],
         *,
         listener_port: int = 0,
         debounce_s: float = 0.02,
@@ -34,13 +37,20 @@ class ConfigFile:
         adapters: Mapping[str, Iterable[str]] | None = None,
         flow_control: Mapping[str, Any] | None = None,
         session_affinity: Iterable[str] = (),
+        upstream: Mapping[str, Any] | None = None,
+        request_timeout_s: float = 0.0,
     ) -> None:
         """Write the pools; `gpu_aware` is off by default: these backends have no /metrics.
-        `flow_control` is the config's `flow_control` section (absent when None);
-        `session_affinity` names the pools that have it."""
+        `flow_control` and `upstream` are the config's sections (absent when None);
+        `session_affinity` names the pools that have it. An endpoint is anything with a
+        `host` and a `port` (an ExampleBackend, a FaultyServer)."""
         document: dict[str, Any] = {
             "model_rewrites": list(model_rewrites),
-            "listener": {"address": "127.0.0.1", "port": listener_port},
+            "listener": {
+                "address": "127.0.0.1",
+                "port": listener_port,
+                "request_timeout_s": request_timeout_s,
+            },
             "updates": {"debounce_s": debounce_s, "max_delay_s": 0.2},
             "pools": [
                 {
@@ -59,6 +69,8 @@ class ConfigFile:
         }
         if flow_control is not None:
             document["flow_control"] = dict(flow_control)
+        if upstream is not None:
+            document["upstream"] = dict(upstream)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(document))
         tmp.replace(self.path)
