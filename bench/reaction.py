@@ -66,12 +66,14 @@ class FakeVllmPod:
         return web.Response(text=page, content_type="text/plain")
 
     @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[FakeVllmPod]:
+    async def serving(self, port: int = 0) -> AsyncIterator[FakeVllmPod]:
+        """Serve on `port` (0: a free one) until the context ends: then the port is closed,
+        as a killed pod's is."""
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
         await site.start()
         self.port = int(self._runner.addresses[0][1])
         try:

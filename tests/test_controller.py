@@ -102,6 +102,19 @@ async def test_rejected_config_keeps_the_last_good_snapshot(running) -> None:  #
     assert telemetry.registry.get_sample_value("xds_config_last_reload_successful") == 0
 
 
+@pytest.mark.looptime
+async def test_the_good_config_restored_clears_the_error(running) -> None:  # type: ignore[no-untyped-def]
+    controller, _, telemetry = running
+    controller.submit(config(3))
+    good = await asyncio.wait_for(controller.settled(), 2)
+    controller.reject(ConfigError("config.yaml: pools.0.name: bad"))
+    controller.submit(config(3))  # the same config as in force: nothing to rebuild
+    assert controller.last_error is None
+    assert telemetry.registry.get_sample_value("xds_config_last_reload_successful") == 1
+    assert telemetry.registry.get_sample_value("xds_config_reloads_total", {"result": "ok"}) == 2
+    assert controller.snapshot is good
+
+
 class FakeLoad:
     """A LoadSource for the pool named "pool": in-flight counts per band, long prompts per
     endpoint id, and a number of Envoys."""
@@ -195,7 +208,7 @@ async def test_a_long_prompt_reported_in_flight_cuts_its_pods_weight_at_once() -
     telemetry, cache = Telemetry(), SnapshotCache()
     load = FakeLoad({})
     pods = {
-        key: PodSignals(age_s=0.1, waiting=0, running=2)
+        key: PodSignals(silent_s=0.1, waiting=0, running=2)
         for key in ("10.0.0.1:8000", "10.0.0.2:8000")
     }
     controller = Controller(cache=cache, telemetry=telemetry, signals=lambda now: pods, load=load)

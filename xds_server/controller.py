@@ -64,7 +64,8 @@ class Controller:
     stale on time.
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory,
-    the last decision, the last error and the events that wake `run`. `submit`, `reject`,
+    the last decision, the last error (and whether a config was refused since the last
+    accepted one) and the events that wake `run`. `submit`, `reject`,
     `metrics_changed` and `load_changed` are synchronous; `run` is the only task that
     decides and builds. Time is read from `clock` only.
     """
@@ -94,6 +95,8 @@ class Controller:
         self._memory = PolicyMemory()
         self._built: tuple[RoutingConfig, Decision] | None = None
         self.last_error: str | None = None
+        # A config was refused since the last one accepted (`last_error` is its error).
+        self._refused = False
         self.snapshot: Snapshot | None = None
         self.decision = Decision()
 
@@ -107,15 +110,24 @@ class Controller:
         return self.snapshot is not None
 
     def submit(self, config: RoutingConfig) -> None:
-        """Accept a validated config; it is applied after the debounce period."""
+        """Accept a validated config; it is applied after the debounce period. The same
+        config as the one in force changes nothing, except that it clears the error of a
+        config refused since (the source is good again)."""
         if config == self._config:
+            if self._refused:
+                logger.info("Routing config accepted again, unchanged; the last error is cleared.")
+                self._accepted()
             return
         logger.info("Routing config accepted: %d pools.", len(config.pools))
+        self._accepted()
+        self._config = config
+        self._schedule(extend=True)
+
+    def _accepted(self) -> None:
         self._telemetry.config_reloads.labels("ok").inc()
         self._telemetry.config_last_reload_ok.set(1)
         self.last_error = None
-        self._config = config
-        self._schedule(extend=True)
+        self._refused = False
 
     def metrics_changed(self) -> None:
         """New pod metrics arrived; decide again within `debounce_s` (not extended by more)."""
@@ -139,6 +151,7 @@ class Controller:
         self._telemetry.config_reloads.labels("error").inc()
         self._telemetry.config_last_reload_ok.set(0)
         self.last_error = str(error)
+        self._refused = True
 
     def _schedule(self, *, extend: bool, now: bool = False) -> None:
         assert self._config is not None

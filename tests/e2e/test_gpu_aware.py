@@ -174,6 +174,39 @@ async def test_stale_pod_leaves_rotation_and_comes_back(
         )
 
 
+async def test_a_killed_pod_leaves_rotation_at_once_and_never_fails_open(
+    tmp_path: Path,
+) -> None:
+    # Metrics would be stale only after a minute: only the refused scrape can explain how
+    # fast the pod leaves. fail_open would keep stale pods; a dead one it must not keep.
+    async with contextlib.AsyncExitStack() as stack:
+        a = await stack.enter_async_context(FakeVllmPod().serving())
+        b = FakeVllmPod()
+        b_serving = b.serving()
+        await b_serving.__aenter__()
+        async with gateway_over([a, b], tmp_path, stale_after_s=60) as gateway:
+
+            async def health_of(port: int) -> str | None:
+                entry = (await hosts(gateway)).get(port)
+                return None if entry is None else entry[1]
+
+            await eventually(lambda: _all(hosts(gateway), "HEALTHY"), what="both healthy")
+            await b_serving.__aexit__(None, None, None)  # killed: its port refuses
+            await eventually(
+                lambda: _is(health_of(b.port), "UNHEALTHY"), within_s=20, what="B out"
+            )
+            assert await health_of(a.port) == "HEALTHY"
+            samples = await pod_samples(gateway)
+            assert samples[("xds_pod_healthy", f"127.0.0.1:{b.port}")] == 0
+            # Long before stale_after_s: B's last good metrics are only moments old.
+            assert samples[("xds_pod_metrics_age_seconds", f"127.0.0.1:{b.port}")] < 30
+            # It comes back, on the same port, as soon as a scrape succeeds.
+            await stack.enter_async_context(FakeVllmPod().serving(port=b.port))
+            await eventually(
+                lambda: _is(health_of(b.port), "HEALTHY"), within_s=20, what="B back"
+            )
+
+
 async def test_all_stale_fails_closed_when_configured(
     pods: list[FakeVllmPod], tmp_path: Path
 ) -> None:

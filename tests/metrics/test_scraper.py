@@ -288,7 +288,11 @@ async def test_unreachable_and_non_http_pods() -> None:
     assert junk_error == "not a valid HTTP response: Bad status line"
     refused_error = store.snapshot(time.monotonic())["refused"].last_error
     assert refused_error is not None and refused_error.startswith("ClientConnectorError: ")
-    assert recorder.updates == []
+    # A pod that refuses connections is down: the policy hears of it at once (an update),
+    # while one that answers something else keeps its last metrics until they are stale.
+    assert set(recorder.updates) == {"refused"}
+    snapshot = store.snapshot(time.monotonic())
+    assert snapshot["refused"].down and not snapshot["junk"].down
 
 
 async def test_targets_change_while_running(server: FakeMetricsServer) -> None:

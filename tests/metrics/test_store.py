@@ -47,7 +47,11 @@ def test_an_error_streak_keeps_the_last_metrics_and_ends_with_a_success() -> Non
     store.record_success("p", metrics(waiting=4), now=1.0)
     first = store.record_error("p", "connect: refused", now=2.0)
     assert first == ErrorStreak(
-        count=1, first_at=2.0, first_error="connect: refused", last_error="connect: refused"
+        count=1,
+        first_at=2.0,
+        first_error="connect: refused",
+        last_error="connect: refused",
+        last_at=2.0,
     )
     second = store.record_error("p", "timeout", now=3.0)
     assert (second.count, second.first_at, second.first_error) == (2, 2.0, "connect: refused")
@@ -131,3 +135,26 @@ def test_snapshots_are_immutable_copies() -> None:
 def test_the_half_life_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         MetricsStore(hit_rate_half_life_s=0)
+
+
+def test_silence_grows_only_while_scrapes_fail_and_down_is_the_last_ones_word() -> None:
+    store = MetricsStore()
+    store.record_success("p", metrics(), now=10.0)
+    # The server stalls for a minute: nothing was tried, so the pod is not silent.
+    stalled = store.observation("p", now=70.0)
+    assert stalled is not None and stalled.age_s == 60.0 and stalled.silent_s == 0.0
+    store.record_error("p", "timeout", now=71.0)
+    store.record_error("p", "connect: refused", now=72.5, down=True)
+    failing = store.observation("p", now=80.0)
+    assert failing is not None and failing.silent_s == 62.5 and failing.down
+    store.record_error("p", "timeout", now=74.0)
+    slow = store.observation("p", now=80.0)
+    assert slow is not None and not slow.down
+    store.record_success("p", metrics(), now=75.0)
+    back = store.observation("p", now=80.0)
+    assert back is not None and back.silent_s == 0.0 and not back.down
+    # A pod that never answered is silent from its first failure to its last.
+    store.record_error("q", "refused", now=1.0, down=True)
+    store.record_error("q", "refused", now=3.0, down=True)
+    never = store.observation("q", now=9.0)
+    assert never is not None and never.silent_s == 2.0 and never.down

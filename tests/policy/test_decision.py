@@ -33,8 +33,8 @@ A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 
 def _signals(waiting_b: float) -> dict[str, PodSignals]:
     return {
-        A: PodSignals(age_s=0.1, waiting=0, running=2),
-        B: PodSignals(age_s=0.1, waiting=waiting_b, running=2),
+        A: PodSignals(silent_s=0.1, waiting=0, running=2),
+        B: PodSignals(silent_s=0.1, waiting=waiting_b, running=2),
     }
 
 

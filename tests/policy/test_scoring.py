@@ -23,7 +23,7 @@ SETTINGS = BalancingConfig(smoothing=1.0)
 
 def signals(**overrides: object) -> PodSignals:
     fields: dict[str, object] = {
-        "age_s": 0.1,
+        "silent_s": 0.0,
         "waiting": 0,
         "running": 4,
         "kv_usage": 0.3,
@@ -109,19 +109,30 @@ def test_smoothing_moves_halfway() -> None:
 
 
 def test_stale_pod_leaves_rotation_and_returns() -> None:
-    got = weights({A: signals(), B: signals(age_s=5.0)})
+    got = weights({A: signals(), B: signals(silent_s=5.0)})
     assert got[A][1] is Health.HEALTHY and got[B][1] is Health.UNHEALTHY
-    assert weights({A: signals(), B: signals(age_s=0.2)})[B][1] is Health.HEALTHY
+    assert weights({A: signals(), B: signals(silent_s=0.2)})[B][1] is Health.HEALTHY
 
 
 def test_all_stale_fails_open_or_closed() -> None:
-    stale = {A: signals(age_s=9), B: signals(age_s=9)}
+    stale = {A: signals(silent_s=9), B: signals(silent_s=9)}
     memory = {A: 1.0, B: 0.25}
     opened = weights(stale, memory=memory)
     assert {h for _, h in opened.values()} == {Health.HEALTHY}
     assert opened[A][0] > opened[B][0]  # the last weights stay
     closed = weights(stale, BalancingConfig(smoothing=1.0, all_stale="fail_closed"), memory=memory)
     assert {h for _, h in closed.values()} == {Health.UNHEALTHY}
+
+
+def test_a_pod_that_refuses_connections_leaves_at_once_and_never_fails_open() -> None:
+    # Down at the first refused scrape, long before its metrics would be stale.
+    got = weights({A: signals(), B: signals(down=True)})
+    assert got[A][1] is Health.HEALTHY and got[B][1] is Health.UNHEALTHY
+    # A metrics outage (A stale) keeps A in rotation on fail_open, but not the dead B.
+    outage = weights({A: signals(silent_s=9), B: signals(silent_s=9, down=True)})
+    assert outage[A][1] is Health.HEALTHY and outage[B][1] is Health.UNHEALTHY
+    # Back once a scrape succeeds.
+    assert weights({A: signals(), B: signals()})[B][1] is Health.HEALTHY
 
 
 def test_unscraped_pod_gets_the_median_and_draining_is_marked() -> None:

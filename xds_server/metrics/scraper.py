@@ -24,8 +24,9 @@ measures the CPU per scrape) and must never stall or crash on a bad pod.
   third of one core, and what changes faster than that is Envoy's to handle, through its
   per-request least-request counting (DESIGN.md, principle 2).
 
-After each successful scrape the optional, synchronous `on_update(pod_id)` runs (the
-controller re-scores there); callbacks that raise are logged once per streak and do not stop
+After each successful scrape, and after each that could not connect at all (the pod is
+down), the optional, synchronous `on_update(pod_id)` runs (the controller decides again
+there); callbacks that raise are logged once per streak and do not stop
 scraping. `set_targets` may be called at any time, before or inside `async with`.
 """
 
@@ -65,7 +66,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 UpdateCallback = Callable[[str], None]
-"""`on_update(pod_id)`: called after each successful scrape of the pod."""
+"""`on_update(pod_id)`: called after each successful scrape of the pod, and after each that
+could not connect (the pod is down)."""
 ErrorObserver = Callable[[str, ScrapeErrorKind], None]
 """`observe_error(pod_id, kind)`: called after each failed scrape."""
 ScrapeObserver = Callable[[str, float], None]
@@ -355,17 +357,26 @@ class Scraper:
             if self._on_update is not None:
                 self._callback(pod_id, "on_update", self._on_update)
             return None
-        streak = self.store.record_error(pod_id, message, now=self._clock())
+        streak = self.store.record_error(
+            pod_id, message, now=self._clock(), down=kind is ScrapeErrorKind.CONNECT
+        )
         if self._observe_error is not None:
             self._callback(pod_id, "observe_error", self._observe_error, kind)
+        if streak.down and self._on_update is not None:
+            # A pod that refuses or resets connections is gone: the policy takes it out of
+            # rotation now, not once its metrics are stale.
+            self._callback(pod_id, "on_update", self._on_update)
         if streak.count == 1:
             logger.log(
                 logging.ERROR if internal is not None else logging.WARNING,
-                "Cannot scrape pod %s (%s): %s. Its last metrics stay in use until they go "
-                "stale; further failures are not logged until a scrape succeeds.",
+                "Cannot scrape pod %s (%s): %s. %s; further failures are not logged until a "
+                "scrape succeeds.",
                 pod_id,
                 target.url,
                 message,
+                "It is down: out of rotation until a scrape succeeds"
+                if streak.down
+                else "Its last metrics stay in use until they go stale",
                 exc_info=internal,
             )
         else:

@@ -36,12 +36,16 @@ __all__ = ["ErrorStreak", "MetricsStore", "PodObservation"]
 
 @dataclass(frozen=True, kw_only=True)
 class ErrorStreak:
-    """Scrapes of one pod that failed in a row: `count` of them since `first_at`."""
+    """Scrapes of one pod that failed in a row: `count` of them, from `first_at` to
+    `last_at`. `down` says the last one could not connect at all (refused, reset,
+    unreachable): the pod is gone, not merely slow."""
 
     count: int
     first_at: float
     first_error: str
     last_error: str
+    last_at: float = 0.0
+    down: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +65,12 @@ class PodObservation:
     errors_in_a_row: int
     failing_for_s: float | None
     last_error: str | None
+    # From the last good metrics (or the first failure, before any) to the last failed
+    # scrape; 0 when the last scrape succeeded. Unlike `age_s`, it grows only while
+    # scrapes are tried and fail, so a stall of this server is not taken for a silent pod.
+    silent_s: float = 0.0
+    # The last scrape could not connect at all (ErrorStreak.down).
+    down: bool = False
 
 
 class _Pod:
@@ -128,8 +138,11 @@ class MetricsStore:
         self._update_rate(pod, metrics, now)
         return ended
 
-    def record_error(self, pod_id: str, message: str, *, now: float) -> ErrorStreak:
-        """Record a failed scrape of `pod_id` at `now`; the pod's last metrics stay.
+    def record_error(
+        self, pod_id: str, message: str, *, now: float, down: bool = False
+    ) -> ErrorStreak:
+        """Record a failed scrape of `pod_id` at `now`; the pod's last metrics stay. `down`:
+        it could not connect at all.
 
         Returns the streak it belongs to: `count == 1` means it starts one (log it).
         """
@@ -137,15 +150,14 @@ class MetricsStore:
         if pod is None:
             pod = self._pods[pod_id] = _Pod()
         previous = pod.streak
-        if previous is None:
-            pod.streak = ErrorStreak(count=1, first_at=now, first_error=message, last_error=message)
-        else:
-            pod.streak = ErrorStreak(
-                count=previous.count + 1,
-                first_at=previous.first_at,
-                first_error=previous.first_error,
-                last_error=message,
-            )
+        pod.streak = ErrorStreak(
+            count=1 if previous is None else previous.count + 1,
+            first_at=now if previous is None else previous.first_at,
+            first_error=message if previous is None else previous.first_error,
+            last_error=message,
+            last_at=now,
+            down=down,
+        )
         return pod.streak
 
     def forget(self, pod_id: str) -> None:
@@ -184,6 +196,10 @@ class MetricsStore:
 
 def _observe(pod: _Pod, now: float) -> PodObservation:
     streak = pod.streak
+    silent_s = 0.0
+    if streak is not None:
+        since = pod.scraped_at if pod.scraped_at is not None else streak.first_at
+        silent_s = max(0.0, streak.last_at - since)
     return PodObservation(
         metrics=pod.metrics,
         age_s=None if pod.scraped_at is None else max(0.0, now - pod.scraped_at),
@@ -191,4 +207,6 @@ def _observe(pod: _Pod, now: float) -> PodObservation:
         errors_in_a_row=0 if streak is None else streak.count,
         failing_for_s=None if streak is None else max(0.0, now - streak.first_at),
         last_error=None if streak is None else streak.last_error,
+        silent_s=silent_s,
+        down=streak is not None and streak.down,
     )

@@ -47,11 +47,15 @@ the capacity factor alone on the same ladder: consistent hashing sizes each pod'
 the keys by its weight, and keys that moved with load would lose their cached prefixes
 (envoy/clusters.py).
 
-Health: a pod whose last good metrics are older than `stale_after_s` is UNHEALTHY (out of
-rotation) until they resume; a pod being shut down is DRAINING. When every pod of a pool is
-stale, `all_stale` decides: fail_open keeps them all HEALTHY on their last weights (a
-metrics outage should not become a serving outage), fail_closed marks them UNHEALTHY so
-Envoy answers 503. Pods never scraped yet get the median weight of the others.
+Health: a pod whose scrapes could not connect at all (refused, reset: `PodSignals.down`)
+is UNHEALTHY at the next decision, and HEALTHY again once a scrape succeeds; a pod that has
+failed to answer scrapes for longer than `stale_after_s` (`PodSignals.silent_s`, which
+grows only while scrapes are tried, so a stalled server does not take its own silence for
+the pods') is UNHEALTHY until they resume; a pod being shut down is DRAINING. When every
+pod of a pool that is not down is stale, `all_stale` decides: fail_open keeps them HEALTHY
+on their last weights (a metrics outage should not become a serving outage), fail_closed
+marks them UNHEALTHY so Envoy answers 503; a pod known to be down never comes back that
+way. Pods never scraped yet get the median weight of the others.
 """
 
 from __future__ import annotations
@@ -82,9 +86,15 @@ _ACTIVITY_SMOOTHING = 0.05
 
 @dataclass(frozen=True, kw_only=True)
 class PodSignals:
-    """What the policy needs from one pod's latest metrics (metrics/ produces them)."""
+    """What the policy needs from one pod's latest metrics (metrics/ produces them).
 
-    age_s: float
+    `silent_s`: how long the pod has failed to answer scrapes since its last good metrics
+    (0 when the last scrape succeeded; it grows only while scrapes are tried, so a stall of
+    this server does not age every pod at once). `down`: the last scrape could not connect
+    at all (refused, reset): the pod is gone, whatever `all_stale` says.
+    """
+
+    silent_s: float
     waiting: float
     running: float
     kv_usage: float | None = None
@@ -97,6 +107,7 @@ class PodSignals:
     waiting_adapters: tuple[str, ...] | None = None
     max_adapters: int | None = None
     prefix_hit_rate: float | None = None
+    down: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,12 +185,17 @@ def score_pool(
     per endpoint id. Pure: the same inputs give the same output.
     """
     capacities = _capacities(pool.endpoints, signals, settings)
+    down = {key for key, s in signals.items() if s.down}
     fresh = {
         key: s
         for key, s in signals.items()
-        if s.age_s <= settings.stale_after_s and key in capacities
+        if s.silent_s <= settings.stale_after_s and key in capacities and key not in down
     }
-    all_stale = not fresh and any(endpoint_id(e) in signals for e in pool.endpoints)
+    # Every pod that is not known to be down has stale metrics: a metrics outage.
+    all_stale = not fresh and any(
+        endpoint_id(e) in signals and endpoint_id(e) not in down for e in pool.endpoints
+    )
+    fail_open = all_stale and settings.all_stale == "fail_open"
     scores: dict[str, float] = {}
     for endpoint in pool.endpoints:
         key = endpoint_id(endpoint)
@@ -206,7 +222,8 @@ def score_pool(
         endpoint_id(e)
         for e in pool.endpoints
         if endpoint_id(e) not in draining
-        and (endpoint_id(e) in fresh or (all_stale and settings.all_stale == "fail_open"))
+        and endpoint_id(e) not in down
+        and (endpoint_id(e) in fresh or fail_open)
     ]
     activity = (
         _adapter_activity(pool.adapters, healthy, signals, adapter_activity)
@@ -224,7 +241,7 @@ def score_pool(
         stale = key in signals and key not in fresh
         if key in draining:
             health = Health.DRAINING
-        elif stale and not (all_stale and settings.all_stale == "fail_open"):
+        elif key in down or (stale and not fail_open):
             health = Health.UNHEALTHY
         else:
             health = Health.HEALTHY

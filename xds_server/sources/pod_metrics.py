@@ -3,8 +3,8 @@
 The routing config says which endpoints belong to GPU-aware pools and which model server
 they run; this module keeps the scraper's target list in step with it and turns the store's
 observations into the policy's `PodSignals`. A pod that has never answered counts as stale
-once it has been failing for `stale_after_s`, so a dead pod does not keep the median weight
-forever.
+once it has been failing for `stale_after_s` (or at once when it refuses connections), so a
+dead pod does not keep the median weight forever.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
     if metrics is None:
         if observation.failing_for_s is None:
             return None
-        return PodSignals(age_s=observation.failing_for_s, waiting=0, running=0)
-    assert observation.age_s is not None
+        return PodSignals(
+            silent_s=observation.silent_s, down=observation.down, waiting=0, running=0
+        )
     return PodSignals(
-        age_s=observation.age_s,
+        silent_s=observation.silent_s,
+        down=observation.down,
         waiting=metrics.waiting,
         running=metrics.running,
         kv_usage=metrics.kv_usage,
