@@ -129,6 +129,22 @@ def test_vllm_lora_info_the_largest_timestamp_wins_and_old_label_sets_are_ignore
     assert engine_adapter("vllm").parse(_vllm(lora=bad_max)).max_lora is None
 
 
+def test_vllm_lora_history_says_which_adapters_an_idle_pod_likely_holds() -> None:
+    now = 1.7e9
+    # Idle now; before that it ran b and a, then d, then c: its 2 slots hold the last two.
+    lora = (
+        _lora("", "", now, max_lora="2")
+        + _lora("b,a", "", now - 5, max_lora="2")
+        + _lora("d", "", now - 60, max_lora="2")
+        + _lora("c", "d", now - 90, max_lora="2")
+    )
+    metrics = engine_adapter("vllm").parse(_vllm(lora=lora))
+    assert metrics.lora_running == ()
+    assert metrics.lora_recent == ("b", "a")
+    unlimited = _lora("c", "", now - 90, max_lora="x") + _lora("d", "", now, max_lora="x")
+    assert engine_adapter("vllm").parse(_vllm(lora=unlimited)).lora_recent == ("d", "c")
+
+
 def test_vllm_falls_back_to_the_older_gpu_cache_usage_name() -> None:
     old = 'vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
     assert engine_adapter("vllm").parse(_vllm(kv=old)).kv_usage == 0.5

@@ -3,6 +3,8 @@ and no change without a reason."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -169,3 +171,37 @@ def test_every_adapter_is_advertised_and_a_placement_settles_while_nothing_chang
         placement = following
     else:
         raise AssertionError(f"no settled placement from {first}")
+
+
+def test_a_restarted_server_places_adapters_where_the_pods_slots_hold_them() -> None:
+    # Before the restart: a0, a1 on p and a2, a3 on q; both are idle now (nothing runs).
+    # With no memory, the placement starts from what each pod ran most recently, so the
+    # idle pod keeps its adapters and nothing is pushed anew.
+    idle = AdapterPod(
+        slots=2,
+        load=0,
+        waiting=False,
+        score=1.0,
+        adapters=frozenset(),
+        running_adapters=frozenset(),
+        queued_adapters=frozenset(),
+        recent_adapters=("a1", "a0"),
+    )
+    also_idle = AdapterPod(
+        slots=2,
+        load=0,
+        waiting=False,
+        score=1.0,
+        adapters=frozenset(),
+        running_adapters=frozenset(),
+        queued_adapters=frozenset(),
+        recent_adapters=("a2", "a3"),
+    )
+    before = {"p": ("a0", "a1"), "q": ("a2", "a3")}
+    adapters = ("a0", "a1", "a2", "a3")
+    pods = {"p": idle, "q": also_idle}
+    assert place_adapters(adapters, pods, before) == before
+    assert place_adapters(adapters, pods, {}) == before
+    # Without that history, a cold start spreads them afresh: a different placement.
+    forgetful = {k: dataclasses.replace(v, recent_adapters=()) for k, v in pods.items()}
+    assert place_adapters(adapters, forgetful, {}) != before

@@ -125,6 +125,9 @@ class PodMetrics:
     kv_capacity_tokens: int | None = None
     lora_running: tuple[str, ...] = ()
     lora_waiting: tuple[str, ...] = ()
+    # The adapters the pod ran most recently, newest first, at most `max_lora`: what its
+    # LoRA slots most likely hold (vLLM evicts the least recently used), even when idle.
+    lora_recent: tuple[str, ...] = ()
     max_lora: int | None = None
     prefix_cache_hits_tokens: float | None = None
     prefix_cache_queries_tokens: float | None = None
@@ -238,7 +241,8 @@ class EngineAdapter:
 
     def _read(self, found: Mapping[LogicalMetric, list[Sample]]) -> PodMetrics:
         none: list[Sample] = []
-        lora_running, lora_waiting, max_lora = _lora(found.get(LogicalMetric.LORA_INFO, none))
+        lora = found.get(LogicalMetric.LORA_INFO, none)
+        lora_running, lora_waiting, max_lora = _lora(lora)
         return PodMetrics(
             waiting=self._count(LogicalMetric.WAITING, found.get(LogicalMetric.WAITING, none)),
             running=self._count(LogicalMetric.RUNNING, found.get(LogicalMetric.RUNNING, none)),
@@ -249,6 +253,7 @@ class EngineAdapter:
             ),
             lora_running=lora_running,
             lora_waiting=lora_waiting,
+            lora_recent=_recent_adapters(lora, max_lora),
             max_lora=max_lora,
             prefix_cache_hits_tokens=_counter(found.get(LogicalMetric.PREFIX_CACHE_HITS, none)),
             prefix_cache_queries_tokens=_counter(
@@ -408,6 +413,19 @@ def _lora(samples: list[Sample]) -> tuple[tuple[str, ...], tuple[str, ...], int 
         _adapters(current.labels.get("waiting_lora_adapters", "")),
         max_lora,
     )
+
+
+def _recent_adapters(samples: list[Sample], max_lora: int | None) -> tuple[str, ...]:
+    """The running adapters of every series, newest series first, each adapter once, at
+    most `max_lora` of them (vLLM keeps old label sets: together they are the history)."""
+    timed = sorted(
+        (s for s in samples if not math.isnan(s.value)), key=lambda s: s.value, reverse=True
+    )
+    recent: dict[str, None] = {}
+    for sample in timed:
+        for adapter in _adapters(sample.labels.get("running_lora_adapters", "")):
+            recent.setdefault(adapter)
+    return tuple(recent)[:max_lora] if max_lora is not None else tuple(recent)
 
 
 def _adapters(listed: str) -> tuple[str, ...]:

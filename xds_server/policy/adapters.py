@@ -75,6 +75,8 @@ class AdapterPod:
     adapters: frozenset[str]
     running_adapters: frozenset[str]
     queued_adapters: frozenset[str]
+    # The adapters it ran most recently, newest first: what its slots likely hold.
+    recent_adapters: tuple[str, ...] = ()
 
 
 def place_adapters(
@@ -84,7 +86,8 @@ def place_adapters(
     activity: Mapping[str, float] = MappingProxyType({}),
 ) -> dict[str, tuple[str, ...]]:
     """The adapters each pod in `pods` advertises, from the `previous` placement (pods
-    without one start from what they run, and what waits in them if it fits their slots);
+    without one, as after a restart, start from what they ran most recently up to their
+    slots, else from what they run, and what waits in them if it fits their slots);
     `activity` (0 to 1, absent: 0) breaks ties in estimated demand."""
     return _Placement(adapters, pods, previous, activity).result()
 
@@ -105,6 +108,9 @@ class _Placement:
         for key, pod in pods.items():
             if key in previous:
                 start = set(previous[key])
+            elif pod.recent_adapters:
+                # A restart: what the pod's slots likely hold, so nothing moves for it.
+                start = set(pod.recent_adapters[: pod.slots]) | pod.running_adapters
             elif len(pod.adapters) <= pod.slots:
                 start = set(pod.adapters)
             else:

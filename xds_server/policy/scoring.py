@@ -106,6 +106,9 @@ class PodSignals:
     running_adapters: tuple[str, ...] | None = None
     waiting_adapters: tuple[str, ...] | None = None
     max_adapters: int | None = None
+    # The adapters it ran most recently, newest first, up to its slots (vLLM's history of
+    # `lora_requests_info`): where a restarted server's placement starts.
+    recent_adapters: tuple[str, ...] = ()
     prefix_hit_rate: float | None = None
     down: bool = False
 
@@ -323,6 +326,7 @@ def _place_adapters(
                 if s.waiting_adapters is not None
                 else running
             ),
+            recent_adapters=s.recent_adapters,
         )
         for key in healthy
         if (s := signals.get(key)) is not None

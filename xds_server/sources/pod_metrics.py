@@ -56,6 +56,7 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
         running_adapters=tuple(sorted(metrics.lora_running)),
         waiting_adapters=tuple(sorted(metrics.lora_waiting)),
         max_adapters=metrics.max_lora,
+        recent_adapters=metrics.lora_recent,
         prefix_hit_rate=observation.prefix_hit_rate,
     )
 
