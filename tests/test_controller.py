@@ -260,3 +260,53 @@ def test_a_band_is_admitted_in_every_lane_and_long_prompts_are_found_in_each_ban
     off = parse_config(FLOW)
     assert off.lanes(off.pools[0]) == ("pool",)
     assert long_prompt_clusters(off, off.pools[0]) == []
+
+
+WARM = """
+updates: {debounce_s: 0.01, max_delay_s: 0.1}
+balancing: {scrape_interval_s: 0.25, scrape_timeout_s: 1.0, smoothing: 1}
+pools:
+  - name: pool
+    models: [m]
+    endpoints: [{address: 10.0.0.1, port: 8000}, {address: 10.0.0.2, port: 8000}]
+"""
+
+
+@pytest.mark.looptime
+async def test_the_first_snapshot_waits_for_every_pods_first_scrape() -> None:
+    telemetry, cache = Telemetry(), SnapshotCache()
+    pods: dict[str, PodSignals] = {"10.0.0.1:8000": PodSignals(silent_s=0, waiting=0, running=2)}
+    controller = Controller(
+        cache=cache, telemetry=telemetry, signals=lambda now: dict(pods), load=None
+    )
+    task = asyncio.create_task(controller.run())
+    try:
+        controller.submit(parse_config(WARM))
+        await asyncio.sleep(0.5)
+        # B has not answered yet: pushing now would give it a placeholder weight.
+        assert controller.snapshot is None
+        pods["10.0.0.2:8000"] = PodSignals(silent_s=0, waiting=4, running=2)
+        controller.metrics_changed()
+        first = await asyncio.wait_for(controller.settled(), 2)
+        assert first is not None
+        weights = _weights(first)
+        assert weights["10.0.0.2:8000"] < weights["10.0.0.1:8000"] == MAX_WEIGHT
+    finally:
+        task.cancel()
+
+
+@pytest.mark.looptime
+async def test_a_pod_that_never_answers_delays_the_first_snapshot_only_briefly() -> None:
+    telemetry, cache = Telemetry(), SnapshotCache()
+    pods = {"10.0.0.1:8000": PodSignals(silent_s=0, waiting=0, running=2)}
+    controller = Controller(cache=cache, telemetry=telemetry, signals=lambda now: pods)
+    task = asyncio.create_task(controller.run())
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        controller.submit(parse_config(WARM))
+        assert await asyncio.wait_for(controller.settled(), 5) is not None
+        # A scrape timeout and an interval (1.25 s), and at most one interval more.
+        assert 1.25 <= loop.time() - started <= 1.6
+    finally:
+        task.cancel()

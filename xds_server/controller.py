@@ -26,7 +26,7 @@ from xds_server.policy.decision import (
     PolicyMemory,
     decide,
 )
-from xds_server.policy.scoring import PodSignals
+from xds_server.policy.scoring import PodSignals, endpoint_id
 from xds_server.snapshots import SnapshotBuilder
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
@@ -97,6 +97,9 @@ class Controller:
         self.last_error: str | None = None
         # A config was refused since the last one accepted (`last_error` is its error).
         self._refused = False
+        # When the first config came: the first snapshot waits a little for the pods'
+        # first scrapes from then on (`_warming`).
+        self._first_config_at: float | None = None
         self.snapshot: Snapshot | None = None
         self.decision = Decision()
 
@@ -120,6 +123,8 @@ class Controller:
             return
         logger.info("Routing config accepted: %d pools.", len(config.pools))
         self._accepted()
+        if self._first_config_at is None:
+            self._first_config_at = self._clock()
         self._config = config
         self._schedule(extend=True)
 
@@ -201,12 +206,37 @@ class Controller:
             load=self._load.fleet_load(config) if self._load is not None else None,
         )
 
+    def _warming(self, config: RoutingConfig, inputs: DecisionInputs) -> bool:
+        """Before the first snapshot: some pod of a GPU-aware pool has no scrape verdict
+        yet, and the first config came less than a scrape timeout and interval ago.
+
+        A restarted server (or a new replica) that pushed before its pods were scraped would
+        push placeholder weights (the median) and then the real ones: Envoy would be sent
+        twice what it already holds. Waiting for the pods' first word makes the first
+        snapshot the one the server had before, byte for byte, while nothing changed.
+        """
+        if self.snapshot is not None or inputs.signals is None or self._first_config_at is None:
+            return False
+        balancing = config.balancing
+        grace = balancing.scrape_timeout_s + balancing.scrape_interval_s
+        if self._clock() - self._first_config_at >= grace:
+            return False
+        expected = {
+            endpoint_id(e) for p in config.pools if p.weights_from_metrics for e in p.endpoints
+        }
+        return not expected <= inputs.signals.keys()
+
     def _apply(self) -> None:
         config = self._config
         assert config is not None
+        inputs = self._inputs(config)
+        if self._warming(config, inputs):
+            # Decide again on the next scrape (metrics_changed) or interval, whichever first.
+            self._dirty_since = None
+            return
         self._dirty_since = None
         self._settled.set()
-        decision, self._memory = decide(self._inputs(config), self._memory)
+        decision, self._memory = decide(inputs, self._memory)
         self.decision = decision
         if self._built is not None and self._built == (config, decision):
             return
