@@ -14,6 +14,12 @@ Per pool, one cluster named after it:
   Envoy "panics" and spreads traffic over all hosts, unhealthy ones included: with GPU
   pods, the ones the policy took out (stale metrics) would get traffic exactly when most
   of the pool is in trouble. 0 turns panic off: only healthy hosts, or a 503 when none is.
+- Failing pods (config.upstream): outlier detection ejects a pod after consecutive
+  local-origin failures (connect failures, resets, timeouts; not HTTP 5xx answers, which a
+  bad request can cause on a healthy pod), at most `max_ejection_percent` of a pool; the
+  circuit breaker's limits are the config's, not Envoy's built-in 1,024 requests, and its
+  retry budget bounds the retries the routes make (routes.py). Every cluster of the pool
+  (session, long-prompt, band) gets the same.
 - A pool with LoRA `adapters` wraps the policy in the subset load balancer: endpoint
   metadata `envoy.lb: {lora: [adapters held]}` (endpoints.py) with `list_as_any` makes
   one subset per adapter; a route for adapter A asks for `lora == A` (routes.py) and gets
