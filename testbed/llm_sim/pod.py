@@ -16,6 +16,13 @@ behind the socket is `engine.Engine`, stepped by one asyncio task per pod:
   later ones every `stream_interval` tokens, to bound the HTTP writes per second.
 - A client that disconnects is aborted in the engine (its KV blocks are freed), through
   aiohttp's handler cancellation.
+- Faults, for the fault benchmark (scenario g): `kill()` is what SIGKILL does to a model
+  server (the listening socket closes, so the port refuses, and every open connection is
+  cut at once, mid-response or not); `revive()` serves again on the same port with a fresh
+  engine (empty caches, counters from zero, as a restarted vLLM); `reset_prefilling()` cuts
+  the connections of the requests that have no first token yet. Like vLLM (Starlette sends
+  a streaming response's headers before its first chunk), a streamed response's headers are
+  already out when its prefill starts.
 
 `handle_completion` is the one path from a parsed request to a response; the pod's own
 handlers use it, and so does the oracle router, which calls it in-process for the pod it
@@ -24,7 +31,7 @@ picked (no second HTTP hop). `state_snapshot()` is the exact state.
 Mutable state: `state`, `_streams` (request id -> delivery), `_failure` (why the step loop
 died, if it did: the pod then answers 503), the lag counters, `_http`,
 the engine (changed only by `add`/`abort` in handlers and `step` in the loop, all on the
-event loop's thread) and the aiohttp runner.
+event loop's thread; replaced by `revive`) and the aiohttp runner.
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ _SHUTDOWN_S = 0.2
 class PodState(enum.Enum):
     UNOPENED = "unopened"
     OPEN = "open"
+    # Killed (`kill()`): the port refuses until `revive()`.
+    KILLED = "killed"
     CLOSED = "closed"
 
 
@@ -109,10 +118,12 @@ class PodSnapshot:
 class _Delivery:
     """Tokens on their way from the step loop to one HTTP handler."""
 
-    __slots__ = ("broken", "finished", "interval", "pending", "produced", "wake")
+    __slots__ = ("broken", "finished", "interval", "pending", "produced", "transport", "wake")
 
-    def __init__(self, interval: int) -> None:
+    def __init__(self, interval: int, transport: asyncio.BaseTransport | None) -> None:
         self.interval = interval
+        # The HTTP connection the tokens go out on (None when served in-process).
+        self.transport = transport
         self.pending: list[str] = []
         self.produced = 0
         self.finished = False
@@ -192,6 +203,7 @@ class SimulatedPod:
         self.default_max_tokens = default_max_tokens
         self.max_catch_up_s = max_catch_up_s
         self.state = PodState.UNOPENED
+        self._seed = seed
         self._engine = Engine(profile, seed=seed)
         self._host = host
         self._port = port
@@ -256,11 +268,7 @@ class SimulatedPod:
             shutdown_timeout=_SHUTDOWN_S,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
-        await site.start()
-        self._bound_port = int(self._runner.addresses[0][1])
-        self._loop_task = asyncio.create_task(self._run(), name=f"sim-pod-{self.name}")
-        self._loop_task.add_done_callback(self._loop_done)
+        await self._serve(self._port)
         logger.info(
             "Simulated pod %s (%s, %s) listening on %s:%d.",
             self.name,
@@ -269,6 +277,69 @@ class SimulatedPod:
             self._host,
             self._bound_port,
         )
+
+    async def _serve(self, port: int) -> None:
+        """Listen on `port` (0: any free port) and start the step loop."""
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, self._host, port)
+        await site.start()
+        self._bound_port = int(self._runner.addresses[0][1])
+        self._loop_task = asyncio.create_task(self._run(), name=f"sim-pod-{self.name}")
+        self._loop_task.add_done_callback(self._loop_done)
+
+    async def kill(self) -> int:
+        """Die as a SIGKILLed server does: stop listening (the port then refuses), cut every
+        open connection at once without flushing, and stop the engine. Returns the number
+        of connections cut. `revive()` brings the pod back; `async with`'s exit still
+        cleans up."""
+        if self.state is not PodState.OPEN:
+            raise RuntimeError(f"Cannot kill simulated pod {self.name}: it is {self.state.value}.")
+        assert self._runner is not None and self._runner.server is not None
+        self.state = PodState.KILLED
+        for site in list(self._runner.sites):
+            await site.stop()
+        cut = 0
+        for handler in self._runner.server.connections:
+            if handler.transport is not None:
+                handler.transport.abort()
+                cut += 1
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        # No more tokens will come: handlers whose cancellation has not arrived yet end now.
+        for delivery in self._streams.values():
+            delivery.break_off()
+        logger.info("Simulated pod %s killed: %d connections cut.", self.name, cut)
+        return cut
+
+    async def revive(self) -> None:
+        """Serve again on the same port after `kill()`, with a fresh engine (empty KV and
+        prefix caches, no adapters loaded) and `/metrics` counters from zero."""
+        if self.state is not PodState.KILLED:
+            raise RuntimeError(
+                f"Cannot revive simulated pod {self.name}: it is {self.state.value}, not killed."
+            )
+        self._engine = Engine(self.profile, seed=self._seed)
+        self._work = asyncio.Event()
+        self._failure = None
+        self._http = HttpStats()
+        self._created = int(time.time())
+        await self._serve(self.port)
+        self.state = PodState.OPEN
+        logger.info("Simulated pod %s revived on port %d.", self.name, self.port)
+
+    def reset_prefilling(self) -> int:
+        """Cut (TCP abort) the connection of every request that has not produced its first
+        token yet: waiting or prefilling. Returns how many were cut."""
+        cut = 0
+        for delivery in self._streams.values():
+            if delivery.produced == 0 and delivery.transport is not None:
+                delivery.transport.abort()
+                cut += 1
+        logger.info(
+            "Simulated pod %s reset %d connections before their first token.", self.name, cut
+        )
+        return cut
 
     async def _stop(self) -> None:
         if self.state is PodState.CLOSED:
@@ -414,10 +485,12 @@ class SimulatedPod:
                 backend_id=self.name,
             )
         loop = asyncio.get_running_loop()
+        # A handler outlives its engine when the pod is killed and revived.
+        engine = self._engine
         request_id = f"{'chatcmpl' if request.chat else 'cmpl'}-{self.name}-{next(self._ids)}"
         max_tokens = request.max_tokens or self.default_max_tokens
         try:
-            self._engine.add(
+            engine.add(
                 EngineRequest(
                     request_id=request_id,
                     prompt=request.prompt,
@@ -428,7 +501,9 @@ class SimulatedPod:
             )
         except ValueError as exc:
             return error_response(400, str(exc), code="invalid_request", backend_id=self.name)
-        delivery = _Delivery(self.stream_interval if request.stream else max_tokens + 1)
+        delivery = _Delivery(
+            self.stream_interval if request.stream else max_tokens + 1, http_request.transport
+        )
         self._streams[request_id] = delivery
         self._work.set()
         try:
@@ -458,7 +533,7 @@ class SimulatedPod:
             )
         finally:
             del self._streams[request_id]
-            if not delivery.finished and self._engine.abort(request_id):
+            if not delivery.finished and engine.abort(request_id):
                 logger.debug("Pod %s aborted %s: the client went away.", self.name, request_id)
 
     async def _stream(
