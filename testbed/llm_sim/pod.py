@@ -120,7 +120,7 @@ class _Delivery:
 
     __slots__ = ("broken", "finished", "interval", "pending", "produced", "transport", "wake")
 
-    def __init__(self, interval: int, transport: asyncio.BaseTransport | None) -> None:
+    def __init__(self, interval: int, transport: asyncio.Transport | None) -> None:
         self.interval = interval
         # The HTTP connection the tokens go out on (None when served in-process).
         self.transport = transport

@@ -30,6 +30,10 @@ def chat(words: int, max_tokens: int) -> dict[str, object]:
     }
 
 
+def _state(pod: SimulatedPod) -> PodState:
+    return pod.state
+
+
 async def _until(condition: Callable[[], bool]) -> None:
     """Poll the pod's state (it has no events to wait on)."""
     while not condition():  # noqa: ASYNC110
@@ -56,19 +60,19 @@ async def test_kill_refuses_and_cuts_then_revive_serves_with_a_fresh_engine(
         streams = [asyncio.create_task(_stream(http, url, chat(8, 2000))) for _ in range(3)]
         await _until(lambda: pod.state_snapshot().engine.num_running == 3)
         assert await pod.kill() >= 3
-        assert pod.state is PodState.KILLED
+        assert _state(pod) is PodState.KILLED
         assert await asyncio.gather(*streams) == ["cut"] * 3
         with pytest.raises(aiohttp.ClientConnectorError):
             async with http.get(url + "/health"):
                 pass
         await pod.revive()
-        assert pod.port == port and pod.state is PodState.OPEN
+        assert pod.port == port and _state(pod) is PodState.OPEN
         assert pod.state_snapshot().engine.num_running == 0
         assert await _stream(http, url, chat(8, 4)) == "done"
         async with http.get(url + "/metrics") as response:
             page = await response.text()
         assert 'vllm:request_success_total{engine="0",finished_reason="length"' in page
-    assert pod.state is PodState.CLOSED
+    assert _state(pod) is PodState.CLOSED
 
 
 async def test_reset_prefilling_cuts_only_requests_without_a_first_token(
