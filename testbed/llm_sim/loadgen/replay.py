@@ -283,6 +283,7 @@ class _Sender:
                 backend = response.headers.get(BACKEND_ID_HEADER)
                 if status != OK_STATUS:
                     raw = await response.content.read(_MAX_ERROR_BODY)
+                    is_json = response.content_type == "application/json"
                     return RequestResult(
                         index=request.index,
                         band=request.band,
@@ -294,6 +295,7 @@ class _Sender:
                         backend_id=backend,
                         retry_after=response.headers.get(_RETRY_AFTER),
                         error_code=_error_code(raw),
+                        error_json=is_json and _parses(raw),
                     )
                 if self.stream:
                     await _read_stream(response, seen, loop.time)
@@ -419,6 +421,15 @@ def _read_completion(raw: bytes, seen: _Stream, now: float) -> None:
             if isinstance(content, str):
                 seen.words += len(content.split())
     seen.done_at = now
+
+
+def _parses(raw: bytes) -> bool:
+    """Whether `raw` is a JSON document (a body cut at `_MAX_ERROR_BODY` is not)."""
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
 
 
 def _error_code(raw: bytes) -> str | None:

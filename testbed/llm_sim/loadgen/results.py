@@ -56,8 +56,10 @@ class RequestResult:
     when no content came); `tpot_s` is (e2e - ttft) / (output_tokens - 1), None below two
     tokens. `output_tokens` comes from the final usage chunk, else from counting the
     streamed words. `retry_after` and `error_code` (the OpenAI-style body's `error.code`)
-    are filled for refusals (status other than 200). `lateness_s` is how long after its
-    scheduled time the request was actually sent.
+    are filled for refusals (status other than 200). `error_json` says whether such a
+    response's body was JSON (content-type application/json, and it parses): None for a
+    200 and for no response. `lateness_s` is how long after its scheduled time the request
+    was actually sent.
     """
 
     index: int
@@ -74,6 +76,7 @@ class RequestResult:
     backend_id: str | None = None
     retry_after: str | None = None
     error_code: str | None = None
+    error_json: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -103,6 +106,7 @@ class RequestResult:
             "backend_id": self.backend_id,
             "retry_after": self.retry_after,
             "error_code": self.error_code,
+            "error_json": self.error_json,
         }
 
     @classmethod
@@ -124,6 +128,8 @@ class RequestResult:
             backend_id=_optional_str(document["backend_id"]),
             retry_after=_optional_str(document["retry_after"]),
             error_code=_optional_str(document["error_code"]),
+            # Absent from results saved before it was recorded.
+            error_json=_optional_bool(document.get("error_json")),
         )
 
 
@@ -231,6 +237,10 @@ class ReplayResult:
 
 def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
+
+
+def _optional_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
 
 
 def _optional_str(value: Any) -> str | None:

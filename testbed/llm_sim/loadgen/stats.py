@@ -49,6 +49,12 @@ class Summary:
     `output_tokens_per_s` is the successful requests' output tokens over `duration_s`.
     `refused_by_band` counts HTTP responses other than 200, per band; `retry_after_missing`
     counts 429s that came without a Retry-After header.
+
+    Faults: `failed_before_headers` counts requests sent that never got response headers
+    (refused or reset connections, timeouts before headers); `cut_streams` counts 200s whose
+    body broke off before its end (`data: [DONE]`), `cut_streams_without_tokens` those of
+    them that had not had a first token; `non_json_errors` counts responses other than 200
+    whose body was not JSON.
     """
 
     requests: int
@@ -66,6 +72,10 @@ class Summary:
     ttft_p99_by_band_s: Mapping[str, float | None] = field(default_factory=dict)
     refused_by_band: Mapping[str, int] = field(default_factory=dict)
     retry_after_missing: int = 0
+    failed_before_headers: int = 0
+    cut_streams: int = 0
+    cut_streams_without_tokens: int = 0
+    non_json_errors: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,12 +94,18 @@ class Summary:
             "ttft_p99_by_band_s": dict(self.ttft_p99_by_band_s),
             "refused_by_band": dict(self.refused_by_band),
             "retry_after_missing": self.retry_after_missing,
+            "failed_before_headers": self.failed_before_headers,
+            "cut_streams": self.cut_streams,
+            "cut_streams_without_tokens": self.cut_streams_without_tokens,
+            "non_json_errors": self.non_json_errors,
         }
 
 
 # Errors that end a request the client did send and wait on: a request cut off by them before
 # its first token counts in the TTFT percentiles with the time it had waited.
 _CUT_OFF = frozenset({ErrorKind.TIMEOUT, ErrorKind.RESET, ErrorKind.INCOMPLETE})
+# A 200 whose body ended like this was cut by the server side (not by the client's deadline).
+_BROKEN_OFF = frozenset({ErrorKind.RESET, ErrorKind.INCOMPLETE})
 
 
 def ttft_sample(result: RequestResult) -> float | None:
@@ -123,6 +139,7 @@ def summarize(results: Sequence[RequestResult], *, duration_s: float) -> Summary
         if (sample := ttft_sample(r)) is not None:
             ttft_by_band[r.band].append(sample)
     refused = Counter(r.band for r in results if r.status is not None and r.status != OK_STATUS)
+    cut = [r for r in results if r.status == OK_STATUS and r.error in _BROKEN_OFF]
     return Summary(
         requests=len(results),
         successful=len(ok),
@@ -141,4 +158,10 @@ def summarize(results: Sequence[RequestResult], *, duration_s: float) -> Summary
         retry_after_missing=sum(
             1 for r in results if r.status == _TOO_MANY_REQUESTS and r.retry_after is None
         ),
+        failed_before_headers=sum(
+            1 for r in results if r.status is None and r.error is not ErrorKind.DROPPED_BY_CLIENT
+        ),
+        cut_streams=len(cut),
+        cut_streams_without_tokens=sum(1 for r in cut if r.ttft_s is None),
+        non_json_errors=sum(1 for r in results if r.error_json is False),
     )

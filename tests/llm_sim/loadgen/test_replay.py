@@ -214,11 +214,15 @@ async def test_refusals_keep_their_status_retry_after_and_error_code(server: Fak
         "rate_limited",
     )
     assert (unavailable.status, unavailable.error_code) == (503, None)
+    # Envoy's own plain-text reply, as before the project made them OpenAI JSON.
+    assert (retry.error_json, no_retry.error_json, unavailable.error_json) == (True, True, False)
+    assert ok.error_json is None
     assert retry.backend_id == "b0" and not retry.ok and retry.ttft_s is None
     summary = summarize(result.results, duration_s=result.duration_s)
     assert summary.status_counts == {"200": 2, "429": 2, "503": 1}
     assert summary.retry_after_missing == 1
     assert summary.refused_by_band == {"standard": 3}
+    assert summary.non_json_errors == 1
     assert ok.ok and ok_too.ok
 
 
@@ -243,7 +247,12 @@ async def test_transport_errors_are_recorded_by_kind(server: FakeServer) -> None
         trace_at([0.0]), url=f"http://127.0.0.1:{free_port()}", timeout_s=2, max_in_flight=1
     )
     assert (refused.results[0].status, refused.results[0].error) == (None, ErrorKind.CONNECT)
-    counts = summarize(result.results + refused.results, duration_s=1).status_counts
+    summary = summarize(result.results + refused.results, duration_s=1)
+    # The timeout came before any headers; the reset and the missing [DONE] cut 200s that
+    # had had their first tokens.
+    assert summary.failed_before_headers == 2
+    assert (summary.cut_streams, summary.cut_streams_without_tokens) == (2, 0)
+    counts = summary.status_counts
     assert counts == {
         "200": 1,
         "error:connect": 1,

@@ -111,6 +111,10 @@ def test_summary_json_has_the_documented_keys() -> None:
         "ttft_p99_by_band_s",
         "refused_by_band",
         "retry_after_missing",
+        "failed_before_headers",
+        "cut_streams",
+        "cut_streams_without_tokens",
+        "non_json_errors",
     }
     assert document["status_counts"] == {"200": 1}
 
