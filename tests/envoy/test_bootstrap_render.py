@@ -57,6 +57,19 @@ def test_everything_comes_over_ads(delta: bool, api_type: str) -> None:
     assert parsed.admin.address.socket_address.port_value == 9901
 
 
+@pytest.mark.parametrize("delta", [False, True])
+def test_the_ads_stream_is_retried_within_a_second(delta: bool) -> None:
+    parsed = _parse(_render(delta=delta))
+    (ads,) = parsed.dynamic_resources.ads_config.grpc_services
+    back_off = ads.envoy_grpc.retry_policy.retry_back_off
+    assert back_off.base_interval.ToMilliseconds() == 100
+    assert back_off.max_interval.ToMilliseconds() == 1000
+    # Envoy 1.40's load reporter retries on its own fixed timer and reads no retry policy.
+    (lrs,) = parsed.cluster_manager.load_stats_config.grpc_services
+    assert lrs.envoy_grpc.cluster_name == names.XDS_CLUSTER
+    assert not lrs.envoy_grpc.HasField("retry_policy")
+
+
 def test_the_xds_cluster_speaks_http2() -> None:
     (cluster,) = _parse(_render()).static_resources.clusters
     assert cluster.name == names.XDS_CLUSTER
