@@ -10,8 +10,10 @@ properties that could drift without any tool noticing: the server's security set
 least-privilege RBAC, probes on the admin port, the arguments the server is started with,
 the routing ConfigMap parsing as a routing config, the example model server matching the
 pool it is meant for, the Envoy bootstrap pointing at the server's Service (and being what
-the renderer produces), Services and PodDisruptionBudgets selecting existing pods, and
-the image tags following the Dockerfile and pyproject.toml.
+the renderer produces), Services and PodDisruptionBudgets selecting existing pods, the
+image tags following the Dockerfile and pyproject.toml, and rollouts that cut nothing:
+the server's rolling update keeps a ready replica, and Envoy's preStop hook (run here, with
+bash, against a real Envoy) drains it and waits for the stream in flight.
 
 The Inference Extension examples have CRDs kubernetes-validate does not know: they get a
 structural check against the fields the CRDs require, and go through the server's own
@@ -20,23 +22,31 @@ inventory code, which must use them without a problem.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
 import re
 import shutil
 import subprocess
 import tomllib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import kubernetes_validate
 import pytest
 import yaml
 
+from xds_server.app import XdsApplication
 from xds_server.cli import _parser
 from xds_server.config import RoutingConfig, parse_config
+from xds_server.envoy import names
 from xds_server.envoy.bootstrap import render_bootstrap
+from xds_server.settings import ServerSettings
 from xds_server.sources.kubernetes import inventory
-from xds_testbed.envoy_process import find_envoy
+from xds_testbed.backends import ExampleBackend
+from xds_testbed.envoy_process import EnvoyProcess, find_envoy
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "k8s"
@@ -349,6 +359,27 @@ def test_the_server_service_exposes_xds_and_admin(rendered: list[Doc]) -> None:
     assert _port_number(container, ports["http-admin"]["targetPort"]) == 9000
 
 
+def test_the_servers_rolling_update_keeps_a_ready_replica(rendered: list[Doc]) -> None:
+    """A new replica is ready (it has a snapshot) before an old one stops, an old one
+    serves until the Service has let it go, and its Envoys are back on another replica
+    within a second (the bootstrap's ADS backoff)."""
+    server = _server(rendered)
+    assert server["spec"]["strategy"]["type"] == "RollingUpdate"
+    rolling = server["spec"]["strategy"]["rollingUpdate"]
+    assert rolling["maxUnavailable"] == 0
+    assert rolling["maxSurge"] >= 1
+    container = _container(server)
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert 0 < pre_stop < server["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    pdb = _one(rendered, "PodDisruptionBudget", "xds-server")
+    assert _selects(pdb["spec"]["selector"]["matchLabels"], _pod_labels(server))
+
+    _, _, bootstrap = _bootstrap(rendered)
+    (ads,) = bootstrap["dynamic_resources"]["ads_config"]["grpc_services"]
+    assert ads["envoy_grpc"]["retry_policy"]["retry_back_off"]["max_interval"] == "1s"
+
+
 # --- the example model server ------------------------------------------------------------
 
 
@@ -501,6 +532,139 @@ def test_envoy_accepts_its_arguments_and_bootstrap(rendered: list[Doc], tmp_path
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def _pre_stop_script(envoy: Doc) -> str:
+    command = _container(envoy)["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["/bin/bash", "-c"], command
+    return command[2]  # type: ignore[no-any-return]
+
+
+# What the preStop hook waits for: requests in flight on the listener's connection manager.
+_RQ_ACTIVE = f"http.{names.HCM_STAT_PREFIX}.downstream_rq_active"
+
+
+def test_envoy_drains_before_it_stops(rendered: list[Doc]) -> None:
+    """Envoy exits at once on SIGTERM (checked on 1.40), so the preStop hook drains it and
+    waits for the requests in flight, within a grace period that covers a long stream."""
+    envoy = _envoy(rendered)
+    pod = envoy["spec"]["template"]["spec"]
+    args = _container(envoy)["args"]
+    drain_time_s = int(_flag(args, "--drain-time-s"))
+    assert drain_time_s >= 300  # a listener update cuts streams older than this
+    assert _flag(args, "--drain-strategy") == "immediate"
+    # The hook's wait for the Service to let go, then the longest stream.
+    assert pod["terminationGracePeriodSeconds"] >= 10 + drain_time_s
+
+    script = _pre_stop_script(envoy)
+    _, _, bootstrap = _bootstrap(rendered)
+    admin_port = bootstrap["admin"]["address"]["socket_address"]["port_value"]
+    assert f"/dev/tcp/127.0.0.1/{admin_port}" in script  # the image has no curl
+    assert "curl" not in script and "wget" not in script
+    assert "POST '/drain_listeners?graceful'" in script
+    assert f"filter={_RQ_ACTIVE}'" in script
+
+    rolling = envoy["spec"]["strategy"]["rollingUpdate"]
+    assert rolling["maxUnavailable"] == 0
+
+
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@contextlib.asynccontextmanager
+async def _gateway(
+    backend: ExampleBackend, *, tmp_path: Path, envoy_args: list[str]
+) -> AsyncIterator[tuple[EnvoyProcess, str]]:
+    """The server on a one-pool config (model `m` on `backend`) and an Envoy it configures,
+    started with `envoy_args`; yields Envoy and its listener's URL."""
+    config = tmp_path / "config.yaml"
+    pool = {
+        "name": "pool",
+        "models": ["m"],
+        "gpu_aware": False,
+        "endpoints": [{"address": backend.host, "port": backend.port}],
+    }
+    config.write_text(
+        yaml.safe_dump({"listener": {"address": "127.0.0.1", "port": 0}, "pools": [pool]})
+    )
+    async with XdsApplication(ServerSettings(config_path=config, xds_port=0, admin_port=0)) as app:
+        await app.wait_ready(within_s=20)
+        bootstrap = render_bootstrap(
+            xds_address="127.0.0.1", xds_port=app.xds_port, node_id="envoy",
+            node_cluster="llm-gateway", admin_port=0,
+        )  # fmt: skip
+        async with EnvoyProcess(bootstrap, extra_args=envoy_args) as envoy:
+            await envoy.wait_live(timeout=20)
+            yield envoy, f"http://127.0.0.1:{await envoy.listener_port(names.LISTENER_NAME)}"
+
+
+@contextlib.asynccontextmanager
+async def _bash(script: str, *, path: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`script` run by bash with PATH `path`; killed on exit if it is still running."""
+    process = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, env={**os.environ, "PATH": path}
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_envoys_pre_stop_hook_drains_and_waits_for_the_stream_in_flight(
+    rendered: list[Doc], tmp_path: Path
+) -> None:
+    """The hook's own script, with bash, against a real Envoy started with the container's
+    drain flags and configured by the server: the listener drains (a new request is told
+    to close its connection), and the hook returns only once the stream has finished."""
+    envoy_doc = _envoy(rendered)
+    args = _container(envoy_doc)["args"]
+    drain_args = [a for f in ("--drain-time-s", "--drain-strategy") for a in (f, _flag(args, f))]
+    _, _, pod_bootstrap = _bootstrap(rendered)
+    pod_admin_port = pod_bootstrap["admin"]["address"]["socket_address"]["port_value"]
+    # Here the hook's sleeps take 0.1 s each, and are written down.
+    sleeps = tmp_path / "sleeps"
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "sleep").write_text(f'#!/bin/sh\necho "$@" >> {sleeps}\nexec /bin/sleep 0.1\n')
+    (fake_bin / "sleep").chmod(0o755)
+    hold = asyncio.Event()
+    async with (
+        ExampleBackend(backend_id="a", hold=hold) as backend,
+        _gateway(backend, tmp_path=tmp_path, envoy_args=drain_args) as (envoy, url),
+        aiohttp.ClientSession() as http,
+        http.post(f"{url}/v1/chat/completions", json={**_CHAT, "stream": True}) as stream,
+    ):
+        assert stream.status == 200
+        await stream.content.readline()  # the first chunk; the rest is held
+        # The pod's script, speaking to this Envoy's admin port.
+        script = _pre_stop_script(envoy_doc).replace(
+            f"/dev/tcp/127.0.0.1/{pod_admin_port}",
+            f"/dev/tcp/127.0.0.1/{envoy.admin_url.rsplit(':', 1)[1]}",
+        )
+        async with _bash(script, path=f"{fake_bin}:{os.environ['PATH']}") as hook:
+            # The wait for the Service, then two looks at the stream still in flight.
+            await envoy.wait_for(
+                lambda: _slept(sleeps, ["10", "2", "2"]), 15, what="see the hook wait"
+            )
+            assert hook.returncode is None
+            async with http.post(f"{url}/v1/chat/completions", json=_CHAT) as other:
+                assert other.status == 200
+                assert other.headers.get("connection") == "close"
+            hold.set()
+            assert (await stream.read()).endswith(b"data: [DONE]\n\n")
+            assert await asyncio.wait_for(hook.wait(), 15) == 0
+
+
+def _slept(sleeps: Path, prefix: list[str]) -> bool:
+    """The hook has slept at least `prefix`, in that order (`sleep`'s arguments)."""
+    calls = sleeps.read_text().split() if sleeps.exists() else []
+    return calls[: len(prefix)] == prefix
 
 
 # --- what ties objects together ----------------------------------------------------------
