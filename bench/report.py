@@ -62,6 +62,8 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             )
         if "capacity_tokens_per_s" in scenario:
             lines += ["", *_overload_table(scenario)]
+        if any("requests_to_dead_pod_after_s" in s for s in policies.values()):
+            lines += ["", *_faults_table(policies)]
         closures = []
         for key, label in (("ttft_p95_s", "P95"), ("ttft_p99_s", "P99")):
             value = gap_closure(policies, key)
@@ -134,6 +136,43 @@ def _overload_table(scenario: Mapping[str, Any]) -> list[str]:
             f"| {goodput:,.0f} ({100 * goodput / capacity:.0f}%) "
             f"| {s.get('retry_after_missing', 0)} | {s.get('server_errors', 0)} |"
         )
+    return lines
+
+
+def _seconds(value: Any) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _faults_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Scenario g's figures: what clients saw of the faults, and what Envoy did."""
+    lines = [
+        "| policy | failed before headers | cut streams (no token yet) | non-JSON errors "
+        "| last request to the dead pod, s after the kill "
+        "| types re-versioned on restart | reconnect s |",
+        "|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for policy in [p for p in POLICY_ORDER if p in policies]:
+        s = policies[policy]
+        changed = s.get("versions_changed_on_restart")
+        lines.append(
+            f"| {policy} | {s.get('failed_before_headers')} "
+            f"| {s.get('cut_streams')} ({s.get('cut_streams_without_tokens')}) "
+            f"| {s.get('non_json_errors')} "
+            f"| {_seconds(s.get('requests_to_dead_pod_after_s'))} "
+            f"| {'–' if changed is None else ', '.join(changed) or 'none'} "
+            f"| {_seconds(s.get('reconnect_s'))} |"
+        )
+    faults = next((s["faults"] for s in policies.values() if "faults" in s), None)
+    if faults is not None:
+        lines += [
+            "",
+            f"Faults (s from the trace's start, first policy's run): {faults['killed_pod']} killed"
+            f" at {faults['kill_s']:.2f} ({faults['killed_connections']} connections cut),"
+            f" {faults['reset_pod']} reset at {faults['reset_s']:.2f}"
+            f" ({faults['reset_connections']} requests without a first token),"
+            f" {faults['killed_pod']} back at {faults['revive_s']:.2f}, the control plane"
+            f" killed at {faults['control_plane_kill_s']:.2f}.",
+        ]
     return lines
 
 

@@ -12,6 +12,15 @@ Policies:
   project        this project's control plane (today: weighted least request, equal weights;
                  GPU-aware weights arrive with the balancing issue)
   oracle         a router inside the simulator with exact pod state: the limit
+
+Scenario g (faults) runs its fault schedule beside the replay (`_inject_faults`): the
+times are taken from the first request the fleet sees, and reported from the trace's
+start. While the killed pod is down, Envoy's admin `/clusters` is polled to find the last
+request Envoy sent it. The control-plane restart (`LocalGateway.kill_server` and `start_server`,
+an in-process kill: the gRPC server stops without grace) is measured from the new
+server's start to Envoy's node being back and holding the new server's version of every
+type, and the versions of the new server's first snapshot are compared with the old
+server's last.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import Any
 
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.reaction import measure_reaction
-from bench.scenarios import MODEL, Scenario, build_scenario
+from bench.scenarios import MODEL, Faults, Scenario, build_scenario
 from llm_sim.fleet import Fleet
 from llm_sim.loadgen import ReplayResult, generate_trace, run_replay_in_subprocess, summarize
 from llm_sim.loadgen.stats import ttft_sample
@@ -121,7 +130,36 @@ def _routing(
     )
 
 
-async def _apply(gateway: LocalGateway, config: RoutingConfig) -> None:
+class _EnvoyVersions:
+    """What the benchmark's one Envoy holds, per resource type, across server restarts.
+
+    The registry knows what Envoy ACKed on its current stream. A server restarted with
+    unchanged inputs does not answer a reconnecting Envoy's requests that carry the version
+    it has (sotw.py), so the types not re-sent are held from before the restart: those are
+    `carried` (type short name -> version), taken from the old server's registry at the kill.
+    """
+
+    def __init__(self) -> None:
+        self.carried: dict[str, str] = {}
+
+    def carry_over(self, gateway: LocalGateway) -> None:
+        """Before the server is killed: remember what Envoy holds."""
+        for record in gateway.app.registry.streams():
+            if record.node_id:
+                self.carried.update(record.acked)
+
+    def holds(self, gateway: LocalGateway, resource_type: ResourceType, version: str) -> bool:
+        """Envoy's node is connected to the current server and holds `version`."""
+        t = resource_type.short
+        return any(
+            record.acked.get(t) == version
+            or (t not in record.sent and self.carried.get(t) == version)
+            for record in gateway.app.registry.streams()
+            if record.node_id
+        )
+
+
+async def _apply(gateway: LocalGateway, config: RoutingConfig, envoy: _EnvoyVersions) -> None:
     """Hand `config` to the controller and wait until Envoy has ACKed all of it.
 
     For a GPU-aware pool, also wait until every pod has been scraped once and the weights
@@ -130,17 +168,17 @@ async def _apply(gateway: LocalGateway, config: RoutingConfig) -> None:
     """
     app = gateway.app
     app.submit_config(config)
-    await _acked(gateway, await asyncio.wait_for(app.controller.settled(), 10))
+    await _acked(gateway, await asyncio.wait_for(app.controller.settled(), 10), envoy)
     if any(pool.weights_from_metrics for pool in config.pools):
         pods = set(app.scraper.targets)
         # The scraper runs on its own schedule; poll its store.
         while not all((o := app.pods.observations().get(p)) and o.metrics for p in pods):  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         app.controller.metrics_changed()
-        await _acked(gateway, await asyncio.wait_for(app.controller.settled(), 10))
+        await _acked(gateway, await asyncio.wait_for(app.controller.settled(), 10), envoy)
 
 
-async def _acked(gateway: LocalGateway, snapshot: Snapshot | None) -> None:
+async def _acked(gateway: LocalGateway, snapshot: Snapshot | None, envoy: _EnvoyVersions) -> None:
     """Wait until Envoy has ACKed `snapshot`, or the one that replaced it: the policy
     re-scores every scrape interval, and Envoy may never ACK a version already replaced."""
     assert snapshot is not None
@@ -149,6 +187,8 @@ async def _acked(gateway: LocalGateway, snapshot: Snapshot | None) -> None:
     for resource_type in ResourceType:
         while True:
             version = (gateway.app.controller.snapshot or snapshot).versions[resource_type]
+            if envoy.holds(gateway, resource_type, version):
+                break
             try:
                 await asyncio.wait_for(
                     gateway.app.registry.wait_for_ack(resource_type.short, version), 0.5
@@ -180,24 +220,38 @@ async def _run_policy(
     *,
     seed: int,
     trace_path: Path,
+    first_at_s: float,
     options: RunOptions,
+    envoy: _EnvoyVersions,
 ) -> PolicyRun:
     async with _targets(scenario, policy, seed=seed, stream_interval=options.stream_interval) as (
         fleet,
         endpoints,
     ):
-        await _apply(
-            gateway,
-            _routing(scenario, policy, endpoints, project_balancing=options.project_balancing),
-        )
+        config = _routing(scenario, policy, endpoints, project_balancing=options.project_balancing)
+        await _apply(gateway, config, envoy)
         counters = _CounterSampler(fleet)
-        async with counters.running():
+        async with counters.running(), contextlib.AsyncExitStack() as stack:
+            faults: asyncio.Task[dict[str, Any]] | None = None
+            if scenario.faults is not None:
+                faults = asyncio.create_task(
+                    _inject_faults(
+                        gateway,
+                        fleet,
+                        config,
+                        envoy,
+                        faults=scenario.faults,
+                        first_at_s=first_at_s,
+                    )
+                )
+                stack.push_async_callback(_cancel, faults)
             result: ReplayResult = await run_replay_in_subprocess(
                 trace_path,
                 url=gateway.url,
                 timeout_s=scenario.drain_s,
                 max_in_flight=5000,
             )
+            fault_figures = await faults if faults is not None else {}
         sim_lag = _simulator_lag(fleet)
         # Retire the pods before they stop, as a drained deployment would.
         gateway.app.submit_config(
@@ -220,6 +274,7 @@ async def _run_policy(
         }
     if scenario.windows is not None:
         summary.update(overload_figures(result.results, windows=scenario.windows))
+    summary.update(fault_figures)
     ttfts = [t for r in measured if (t := ttft_sample(r)) is not None]
     saturated = (
         result.saturated
@@ -233,6 +288,153 @@ async def _run_policy(
         "saturated": saturated,
     }
     return PolicyRun(summary=summary, ttfts=ttfts, saturated=saturated, notes=notes)
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+# How often Envoy's admin is asked for the dead pod's counters, and for how long at most the
+# restarted control plane is waited for.
+_DEAD_POD_POLL_S = 0.015
+_RECONNECT_TIMEOUT_S = 20.0
+# Per-host counters that grow when Envoy sends the host a request or tries to connect to it.
+_HOST_REQUEST_COUNTERS = frozenset({"rq_total", "cx_connect_fail", "rq_error"})
+
+
+async def _inject_faults(
+    gateway: LocalGateway,
+    fleet: Fleet,
+    config: RoutingConfig,
+    envoy: _EnvoyVersions,
+    *,
+    faults: Faults,
+    first_at_s: float,
+) -> dict[str, Any]:
+    """Run `faults` against the fleet and the control plane while the trace replays, and
+    measure what Envoy did about them.
+
+    Offset 0 is the trace's start: the moment the fleet sees its first request, less that
+    request's offset (`first_at_s`). Returns the figures for results.json: the fault
+    times, `requests_to_dead_pod_after_s` (kill to the last increase of the dead pod's
+    request or connect-failure counters in Envoy, seen by polling admin every 15 ms: an
+    upper bound by up to one poll), `versions_changed_on_restart`, `reconnect_s` (None
+    when Envoy was not back within 20 s), and the connections each pod fault cut.
+    """
+    loop = asyncio.get_running_loop()
+    while not any(pod.state_snapshot().in_flight for pod in fleet):  # noqa: ASYNC110
+        await asyncio.sleep(0.002)
+    start = loop.time() - first_at_s
+
+    async def at(offset_s: float) -> None:
+        await asyncio.sleep(max(0.0, start + offset_s - loop.time()))
+
+    dead = fleet[faults.kill_pod]
+    await at(faults.kill_s)
+    before = await _host_counters(gateway, dead.port)
+    killed_at = loop.time()
+    killed_connections = await dead.kill()
+    watch = asyncio.create_task(_last_increase(gateway, dead.port, before))
+    await at(faults.reset_s)
+    reset_at = loop.time()
+    reset_connections = fleet[faults.reset_pod].reset_prefilling()
+    await at(faults.revive_s)
+    last_request_at = await _stop_watching(watch)
+    revived_at = loop.time()
+    await dead.revive()
+    await at(faults.control_plane_s)
+    restart = await _restart_control_plane(
+        gateway, config, envoy, down_s=faults.control_plane_down_s
+    )
+    return {
+        "faults": {
+            "kill_s": killed_at - start,
+            "killed_pod": faults.kill_pod,
+            "killed_connections": killed_connections,
+            "reset_s": reset_at - start,
+            "reset_pod": faults.reset_pod,
+            "reset_connections": reset_connections,
+            "revive_s": revived_at - start,
+            "control_plane_kill_s": restart.pop("killed_at") - start,
+        },
+        "requests_to_dead_pod_after_s": max(0.0, (last_request_at or killed_at) - killed_at),
+        **restart,
+    }
+
+
+async def _host_counters(gateway: LocalGateway, port: int) -> int:
+    """The sum of `_HOST_REQUEST_COUNTERS` over every Envoy cluster's host on `port`."""
+    document = await gateway.envoy.clusters_json()
+    total = 0
+    for cluster in document.get("cluster_statuses", []):
+        for host in cluster.get("host_statuses", []):
+            if host.get("address", {}).get("socket_address", {}).get("port_value") != port:
+                continue
+            total += sum(
+                int(stat.get("value", 0))
+                for stat in host.get("stats", [])
+                if stat.get("name") in _HOST_REQUEST_COUNTERS
+            )
+    return total
+
+
+async def _last_increase(gateway: LocalGateway, port: int, baseline: int) -> float | None:
+    """Poll the counters of the host on `port` until cancelled; the task's result, through
+    `_stop_watching`, is the loop time of the last poll that saw them grow (None: never)."""
+    last: float | None = None
+    try:
+        while True:
+            await asyncio.sleep(_DEAD_POD_POLL_S)
+            value = await _host_counters(gateway, port)
+            if value > baseline:
+                baseline, last = value, asyncio.get_running_loop().time()
+    except asyncio.CancelledError:
+        return last
+
+
+async def _stop_watching(watch: asyncio.Task[float | None]) -> float | None:
+    watch.cancel()
+    return await watch
+
+
+async def _restart_control_plane(
+    gateway: LocalGateway, config: RoutingConfig, envoy: _EnvoyVersions, *, down_s: float
+) -> dict[str, Any]:
+    """Kill the server, start a new one on the same port `down_s` later with the same config
+    (written where it reads its config at start), and wait for Envoy to be back on it:
+    connected, and holding the new server's version of every type."""
+    loop = asyncio.get_running_loop()
+    old = gateway.app
+    old_snapshot = old.controller.snapshot
+    assert old_snapshot is not None and old.settings.config_path is not None
+    envoy.carry_over(gateway)
+    old.settings.config_path.write_text(config.model_dump_json())
+    killed_at = loop.time()
+    await gateway.kill_server()
+    await asyncio.sleep(max(0.0, killed_at + down_s - loop.time()))
+    # From just before the new server binds: at most a few ms more than from listening.
+    started = loop.time()
+    app = await gateway.start_server()
+    first: dict[ResourceType, str] | None = None
+    reconnect_s: float | None = None
+    while loop.time() - started < _RECONNECT_TIMEOUT_S:
+        snapshot = app.controller.snapshot
+        if snapshot is not None:
+            first = first or dict(snapshot.versions)
+            if all(envoy.holds(gateway, t, v) for t, v in snapshot.versions.items()):
+                reconnect_s = loop.time() - started
+                break
+        await asyncio.sleep(0.005)
+    changed = None
+    if first is not None:
+        changed = sorted(t.short for t, v in first.items() if old_snapshot.versions[t] != v)
+    return {
+        "killed_at": killed_at,
+        "reconnect_s": reconnect_s,
+        "versions_changed_on_restart": changed,
+    }
 
 
 @dataclass(frozen=True)
@@ -296,8 +498,19 @@ class _CounterSampler:
         return before[-1] if before else _EngineCounters()
 
 
+# Fault figures merge to the worst seed, not the median: a failure in one seed is a failure.
+_SUMMED_OVER_SEEDS = frozenset(
+    {"failed_before_headers", "cut_streams", "cut_streams_without_tokens", "non_json_errors"}
+)
+_WORST_OVER_SEEDS = frozenset({"requests_to_dead_pod_after_s", "reconnect_s"})
+
+
 def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:
-    """The median over seeds of every numeric figure, with per-seed values under `per_seed`."""
+    """The median over seeds of every numeric figure, with per-seed values under `per_seed`.
+
+    Fault counts are summed, the fault times are the worst seed's (None if a seed never
+    reconnected), and the types re-versioned on restart are the union over seeds.
+    """
     if len(runs) == 1:
         return {**runs[0].summary, "run": runs[0].notes}
     merged: dict[str, Any] = {}
@@ -306,7 +519,13 @@ def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:
         values = [run.summary[key] for run in runs]
         per_seed[key] = values
         numeric = [v for v in values if isinstance(v, int | float)]
-        if isinstance(first, int | float) and numeric:
+        if key in _SUMMED_OVER_SEEDS:
+            merged[key] = sum(numeric)
+        elif key in _WORST_OVER_SEEDS:
+            merged[key] = None if None in values else max(numeric)
+        elif key == "versions_changed_on_restart":
+            merged[key] = None if None in values else sorted({t for v in values for t in v})
+        elif isinstance(first, int | float) and numeric:
             merged[key] = statistics.median(numeric)
         elif key in ("status_counts", "served_by"):
             merged[key] = {
@@ -338,6 +557,7 @@ async def run_benchmark(
         async with run_local_gateway(
             bootstrap_config, node_id="bench-envoy", config_poll_s=3600
         ) as gateway:
+            envoy = _EnvoyVersions()
             for name in options.scenarios:
                 scenario = build_scenario(
                     name, duration_s=options.duration_s, request_scale=options.request_scale
@@ -349,6 +569,7 @@ async def run_benchmark(
                     trace = generate_trace(scenario.trace, seed=seed)
                     trace_path = traces_dir / f"{name}-seed{seed}.jsonl"
                     trace.save(trace_path)
+                    first_at_s = trace.requests[0].at_s if trace.requests else 0.0
                     for policy in policies:
                         count = len(trace.requests)
                         progress(f"scenario {name}, seed {seed}, {policy}: {count} requests")
@@ -358,7 +579,9 @@ async def run_benchmark(
                             policy,
                             seed=seed,
                             trace_path=trace_path,
+                            first_at_s=first_at_s,
                             options=options,
+                            envoy=envoy,
                         )
                         runs[policy].append(run)
                         results["machine_saturated"] |= run.saturated

@@ -4,6 +4,11 @@ Arrival rates are set relative to the fleet's nominal capacity (`nominal_capacit
 pod's profile for the scenario's request mix), so a scenario means the same load whatever
 the profiles' absolute speeds. `quick` shrinks the duration (and the fleet stays the same)
 for a seconds-long smoke run.
+
+Scenario g (faults) adds a schedule of failures to d's steady load (`Faults`): a pod
+killed, another pod's requests reset before their first token, the killed pod back, and
+the control plane killed and restarted, at fixed fractions of the run, so every policy
+meets the same faults at the same point of the same trace.
 """
 
 from __future__ import annotations
@@ -27,10 +32,37 @@ from llm_sim.loadgen.trace import (
 )
 from llm_sim.profiles import A10G, H100, nominal_capacity
 
-__all__ = ["ADAPTERS", "MODEL", "SCENARIOS", "Scenario", "build_scenario", "fleet_capacity"]
+__all__ = [
+    "ADAPTERS",
+    "Faults",
+    "MODEL",
+    "SCENARIOS",
+    "Scenario",
+    "build_scenario",
+    "fleet_capacity",
+]
 
 MODEL = "llama-3.1-8b"
 ADAPTERS = tuple(f"adapter-{i}" for i in range(8))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Faults:
+    """When scenario g's faults happen, in seconds from the trace's start, and to whom.
+
+    `kill_pod` is SIGKILLed at `kill_s` (its port refuses) and back, with a fresh engine,
+    at `revive_s`; `reset_pod`'s requests without a first token have their connections
+    reset at `reset_s`; the control plane is killed at `control_plane_s` and a new one
+    starts on the same port `control_plane_down_s` later, as a restarted process would.
+    """
+
+    kill_pod: str
+    kill_s: float
+    reset_pod: str
+    reset_s: float
+    revive_s: float
+    control_plane_s: float
+    control_plane_down_s: float = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +89,8 @@ class Scenario:
     # Figures count requests that arrive after this many seconds (and cache and adapter
     # counters from then on): the run's start is a cold start, not the steady state.
     warmup_s: float = 0.0
+    # Scenario g: the fault schedule.
+    faults: Faults | None = None
 
 
 def _pods(**counts: int) -> tuple[PodSpec, ...]:
@@ -94,7 +128,7 @@ def fleet_capacity(pods: Sequence[PodSpec], classes: Sequence[RequestClass]) -> 
 
 
 def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) -> Scenario:
-    """Scenario `name` (a to f) lasting `duration_s` seconds of arrivals (b, c, e, f: three times).
+    """Scenario `name` (a to g) lasting `duration_s` seconds of arrivals (b, c, e, f: three times).
 
     `request_scale` multiplies every prompt and output length (a smoke run uses short
     requests so that it drains in seconds); rates follow the resulting capacity.
@@ -113,6 +147,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
     windows: Windows | None = None
     project_balancing: Mapping[str, Any] | None = None
     warmup_s = 0.0
+    faults: Faults | None = None
     chat = RequestClass(
         name="chat", prompt_words=ln(500, 0.4, 32, 2000), output_tokens=ln(150, 0.4, 8, 600)
     )
@@ -278,6 +313,32 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             half_load=(0.03 * duration_s, 0.3 * duration_s),
             overload=(0.45 * duration_s, duration_s),
         )
+    elif name == "g":
+        # d's fleet and load, with faults at fixed points: a pod killed at 20% of the run, a
+        # second pod's prefilling requests reset at 35%, the first back at 55%, the control
+        # plane killed and restarted at 75% (every pod up, so its inputs are unchanged). The
+        # oracle is a router inside the simulator, with no Envoy and no control plane to
+        # fail, so g compares Envoy's two balancers with the project.
+        pods = _pods(h100=4)
+        classes = (chat,)
+        capacity = fleet_capacity(pods, classes)
+        trace = TraceSpec(
+            duration_s=duration_s, rate_per_s=0.6 * capacity, request_classes=classes, model=MODEL
+        )
+        title = (
+            "faults (4 identical pods, Poisson at 60% of capacity; a pod killed at 20%, another"
+            " reset mid-prefill at 35%, the first back at 55%, the control plane killed and"
+            " restarted at 75%)"
+        )
+        policies = ("round_robin", "least_request", "project")
+        faults = Faults(
+            kill_pod="h100-0",
+            kill_s=0.2 * duration_s,
+            reset_pod="h100-1",
+            reset_s=0.35 * duration_s,
+            revive_s=0.55 * duration_s,
+            control_plane_s=0.75 * duration_s,
+        )
     else:
         raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
     return Scenario(
@@ -294,7 +355,8 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         windows=windows,
         project_balancing=project_balancing,
         warmup_s=warmup_s,
+        faults=faults,
     )
 
 
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "c96")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "c96")

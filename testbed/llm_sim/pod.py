@@ -466,6 +466,10 @@ class SimulatedPod:
         the engine refuses (too long for the KV cache): 400. The response names this pod
         in `x-backend-id`.
         """
+        if self.state is PodState.KILLED and http_request.transport is not None:
+            # Accepted just before the kill: a killed server never answers it.
+            http_request.transport.abort()
+            raise ConnectionResetError(f"Simulated pod {self.name} is killed.")
         self._require_open()
         if self._failure is not None:
             return error_response(

@@ -3,14 +3,25 @@
 The demo, the end-to-end tests and the benchmarks all run exactly this pairing, so it lives
 here once: the server in-process (its cache, registry and metrics are at hand), Envoy as a
 child process bootstrapped to the server's bound port.
+
+The fault benchmark (scenario g) kills the server and starts a new one on the same port
+(`LocalGateway.kill_server`, then `start_server`). The server being in-process, the kill is not a
+SIGKILL of a process but what Envoy sees of one: the gRPC server stops with no grace, so
+every xDS stream is cut at once and the port refuses, and nothing of the old server
+(controller, scraper, caches) survives into the new one. XdsApplication has no seam for an
+abrupt stop (its exit stops gRPC with a second of grace), so the gRPC server is found
+among the callbacks of its exit stack.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import grpc
 
 from xds_server.app import XdsApplication
 from xds_server.envoy import names, render_bootstrap
@@ -20,12 +31,40 @@ from xds_testbed.envoy_process import EnvoyProcess
 __all__ = ["LocalGateway", "run_local_gateway"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class LocalGateway:
+    """Mutable state: `app`, replaced by `start_server` after `kill_server`."""
+
     app: XdsApplication
     envoy: EnvoyProcess
     # Where Envoy accepts OpenAI-style requests, e.g. http://127.0.0.1:8080.
     url: str
+    # The running server's exit, closed when the gateway stops (or the server is killed).
+    _exit: contextlib.AsyncExitStack
+
+    async def kill_server(self) -> None:
+        """Kill the server abruptly: its gRPC server stops with no grace (every xDS stream
+        cut, the port refusing), then the rest of it stops. `start_server` replaces it."""
+        await _grpc_server(self.app).stop(None)
+        await self._exit.aclose()
+
+    async def start_server(self) -> XdsApplication:
+        """Start a new server with the killed one's settings on the same xDS port (its
+        config read afresh from the settings' source); returns it once it listens, without
+        waiting for its first snapshot or for Envoy."""
+        settings = replace(self.app.settings, xds_port=self.app.xds_port, admin_port=0)
+        self._exit = contextlib.AsyncExitStack()
+        self.app = await self._exit.enter_async_context(XdsApplication(settings))
+        return self.app
+
+
+def _grpc_server(app: XdsApplication) -> grpc.aio.Server:
+    """The gRPC server `app` started: the object of the `stop` its exit stack calls."""
+    for _, callback in getattr(app._stack, "_exit_callbacks", ()):
+        target = getattr(getattr(callback, "__wrapped__", None), "__self__", None)
+        if isinstance(target, grpc.aio.Server):
+            return target
+    raise RuntimeError("Cannot find the gRPC server of the XdsApplication to kill it.")
 
 
 @asynccontextmanager
@@ -56,7 +95,15 @@ async def run_local_gateway(
     )
     if load_report_interval_s is not None:
         settings = replace(settings, load_report_interval_s=load_report_interval_s)
-    async with XdsApplication(settings) as app:
+    async with contextlib.AsyncExitStack() as outer:
+        server_exit = contextlib.AsyncExitStack()
+        app = await server_exit.enter_async_context(XdsApplication(settings))
+        gateway: LocalGateway | None = None
+
+        async def stop_server() -> None:
+            await (gateway._exit if gateway is not None else server_exit).aclose()
+
+        outer.push_async_callback(stop_server)
         await app.wait_ready(within_s=start_timeout_s)
         bootstrap = render_bootstrap(
             xds_address="127.0.0.1",
@@ -66,7 +113,10 @@ async def run_local_gateway(
             admin_port=0,
             delta=delta,
         )
-        async with EnvoyProcess(bootstrap, log_level=envoy_log_level) as envoy:
-            await envoy.wait_live(timeout=start_timeout_s)
-            port = await envoy.listener_port(names.LISTENER_NAME)
-            yield LocalGateway(app=app, envoy=envoy, url=f"http://127.0.0.1:{port}")
+        envoy = await outer.enter_async_context(EnvoyProcess(bootstrap, log_level=envoy_log_level))
+        await envoy.wait_live(timeout=start_timeout_s)
+        port = await envoy.listener_port(names.LISTENER_NAME)
+        gateway = LocalGateway(
+            app=app, envoy=envoy, url=f"http://127.0.0.1:{port}", _exit=server_exit
+        )
+        yield gateway

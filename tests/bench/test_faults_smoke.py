@@ -1,0 +1,37 @@
+"""Scenario g (faults) in a seconds-long run: a killed pod, a reset pod, a revived pod and a
+restarted control plane through a real Envoy, with every figure the issue asks for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.__main__ import main
+
+FAULT_KEYS = (
+    "failed_before_headers",
+    "cut_streams",
+    "requests_to_dead_pod_after_s",
+    "non_json_errors",
+    "versions_changed_on_restart",
+    "reconnect_s",
+)
+
+
+def test_quick_faults_run_reports_every_figure_and_the_project_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    assert main(["run", "--scenarios", "g", "--quick", "--out", str(tmp_path)]) == 0
+    policies = json.loads((tmp_path / "results.json").read_text())["scenarios"]["g"]["policies"]
+    assert set(policies) == {"round_robin", "least_request", "project"}
+    for name, summary in policies.items():
+        assert all(key in summary for key in FAULT_KEYS), (name, summary)
+        faults = summary["faults"]
+        assert faults["kill_s"] < faults["reset_s"] < faults["revive_s"]
+        assert faults["revive_s"] < faults["control_plane_kill_s"]
+        assert summary["reconnect_s"] is not None, name
+    project = policies["project"]
+    assert project["failed_before_headers"] == 0, project["status_counts"]
+    assert project["non_json_errors"] == 0
+    assert project["versions_changed_on_restart"] == []
+    assert "| project |" in (tmp_path / "results.md").read_text()
