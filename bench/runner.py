@@ -251,7 +251,9 @@ async def _run_policy(
                 timeout_s=scenario.drain_s,
                 max_in_flight=5000,
             )
-            fault_figures = await faults if faults is not None else {}
+            # A fault step that hangs fails the run rather than stalling it (seen once, cause
+            # not found: see bench/results/g/NOTES.md).
+            fault_figures = await asyncio.wait_for(faults, _FAULTS_AFTER_REPLAY_S) if faults else {}
         sim_lag = _simulator_lag(fleet)
         # Retire the pods before they stop, as a drained deployment would.
         gateway.app.submit_config(
@@ -300,6 +302,8 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
 # restarted control plane is waited for.
 _DEAD_POD_POLL_S = 0.015
 _RECONNECT_TIMEOUT_S = 20.0
+# How long the fault schedule may still run once the replay has ended.
+_FAULTS_AFTER_REPLAY_S = 30.0
 # Per-host counters that grow when Envoy sends the host a request or tries to connect to it.
 _HOST_REQUEST_COUNTERS = frozenset({"rq_total", "cx_connect_fail", "rq_error"})
 
