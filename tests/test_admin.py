@@ -108,3 +108,18 @@ async def test_a_failed_start_closes_what_it_opened(tmp_path: Path) -> None:
     finally:
         taken.close()
         await taken.wait_closed()
+
+
+async def test_kill_closes_everything_and_frees_the_port_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=0.05)
+    app = XdsApplication(settings)
+    await app.__aenter__()
+    await app.wait_ready(within_s=20)
+    await app.kill()
+    assert app.scraper.state is ScraperState.CLOSED
+    # A new server can take the same port at once, as a restarted process would.
+    again = ServerSettings(config_path=path, xds_port=app.xds_port, admin_port=0)
+    async with XdsApplication(again) as restarted:
+        assert restarted.xds_port == app.xds_port

@@ -125,6 +125,7 @@ class XdsApplication:
             port=settings.admin_port,
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._grpc: grpc.aio.Server | None = None
         self._stack = contextlib.AsyncExitStack()
         self._state = _State.UNOPENED
         self.xds_port = 0
@@ -195,6 +196,7 @@ class XdsApplication:
         except RuntimeError as exc:
             raise OSError(f"Cannot bind the xDS gRPC server to {s.xds_host}:{s.xds_port}.") from exc
         await server.start()
+        self._grpc = server
         stack.push_async_callback(server.stop, 1.0)
 
     def _start_tasks(self) -> None:
@@ -252,6 +254,14 @@ class XdsApplication:
                     f"no snapshot after {within_s} s: {self.controller.last_error or 'no config'}"
                 )
             await asyncio.sleep(0.02)
+
+    async def kill(self) -> None:
+        """Stop at once, as a killed process does for its Envoys: every xDS, LRS and ALS
+        stream is cut with no grace and the port refuses; then the rest closes. (A normal
+        exit gives streams a second to end.) For fault tests and benchmarks."""
+        if self._grpc is not None:
+            await self._grpc.stop(None)
+        await self.__aexit__(None, None, None)
 
     async def __aexit__(
         self,

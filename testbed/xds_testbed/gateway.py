@@ -6,11 +6,9 @@ child process bootstrapped to the server's bound port.
 
 The fault benchmark (scenario g) kills the server and starts a new one on the same port
 (`LocalGateway.kill_server`, then `start_server`). The server being in-process, the kill is not a
-SIGKILL of a process but what Envoy sees of one: the gRPC server stops with no grace, so
-every xDS stream is cut at once and the port refuses, and nothing of the old server
-(controller, scraper, caches) survives into the new one. XdsApplication has no seam for an
-abrupt stop (its exit stops gRPC with a second of grace), so the gRPC server is found
-among the callbacks of its exit stack.
+SIGKILL of a process but what Envoy sees of one (`XdsApplication.kill`): the gRPC server
+stops with no grace, so every xDS stream is cut at once and the port refuses, and nothing
+of the old server (controller, scraper, caches) survives into the new one.
 """
 
 from __future__ import annotations
@@ -20,8 +18,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import grpc
 
 from xds_server.app import XdsApplication
 from xds_server.envoy import names, render_bootstrap
@@ -45,7 +41,7 @@ class LocalGateway:
     async def kill_server(self) -> None:
         """Kill the server abruptly: its gRPC server stops with no grace (every xDS stream
         cut, the port refusing), then the rest of it stops. `start_server` replaces it."""
-        await _grpc_server(self.app).stop(None)
+        await self.app.kill()
         await self._exit.aclose()
 
     async def start_server(self) -> XdsApplication:
@@ -56,15 +52,6 @@ class LocalGateway:
         self._exit = contextlib.AsyncExitStack()
         self.app = await self._exit.enter_async_context(XdsApplication(settings))
         return self.app
-
-
-def _grpc_server(app: XdsApplication) -> grpc.aio.Server:
-    """The gRPC server `app` started: the object of the `stop` its exit stack calls."""
-    for _, callback in getattr(app._stack, "_exit_callbacks", ()):
-        target = getattr(getattr(callback, "__wrapped__", None), "__self__", None)
-        if isinstance(target, grpc.aio.Server):
-            return target
-    raise RuntimeError("Cannot find the gRPC server of the XdsApplication to kill it.")
 
 
 @asynccontextmanager
