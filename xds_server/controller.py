@@ -65,7 +65,8 @@ class Controller:
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory,
     the last decision, the last error (and whether a config was refused since the last
-    accepted one) and the events that wake `run`. `submit`, `reject`,
+    accepted one), when the first config came (the warm start) and the events that wake
+    `run`. `submit`, `reject`,
     `metrics_changed` and `load_changed` are synchronous; `run` is the only task that
     decides and builds. Time is read from `clock` only.
     """

@@ -4,8 +4,9 @@ The scraper writes here; the policy reads an immutable `snapshot(now)`. Three th
 kept per pod (a string id such as "10.0.0.1:8000"):
 
 - the last `PodMetrics` and the monotonic time of the last successful scrape. A failed
-  scrape does not erase them: the pod's last metrics stay in use, and `age_s` lets the
-  policy decide when they are too old to trust (DESIGN.md, principle 5);
+  scrape does not erase them: the pod's last metrics stay in use, and `silent_s` (how long
+  scrapes have been failing since them) lets the policy decide when they are too old to
+  trust (DESIGN.md, principle 5), while `down` says the last scrape could not connect;
 - the current error streak: how many scrapes in a row failed, since when, the first and
   the last message. The scraper logs once per streak, so it asks the store whether an error
   starts a streak and whether a success ends one;
