@@ -321,10 +321,18 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
                 low, high = await weights()
                 return low * 50 < high
 
-            # While it prefills (the assertions below check it has not finished).
             await eventually(cut, within_s=5, what="the long prompt's pod cut")
-            short = [await served_by("hello there", 1) for _ in range(6)]
+            view = await hosts(gateway)
+            cut_port = min(view, key=lambda port: view[port][0])
+            (cut_pod,) = [pod for pod in fleet.pods if pod.port == cut_port]
             during = await pod_samples(gateway)
+            # Short requests sent while the long prompt still prefills there, at most 6: on
+            # a busy machine the cut may come late in the prefill, and what happens after
+            # it is the weight coming back (checked below), not a mistake.
+            short = []
+            while len(short) < 6 and cut_pod.state_snapshot().engine.num_prefilling > 0:
+                short.append(await served_by("hello there", 1))
+            assert short, "the cut came only once the long prompt's prefill was over"
             assert not long_prompt.done(), "the long prompt finished too early to tell"
             await eventually(equal, within_s=10, what="the weight back once prefill is over")
             assert not long_prompt.done(), "the weight came back only once it finished"
@@ -337,7 +345,7 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
     }
     assert in_flight == {long_pod: 1, next(iter(set(short))): 0}
     assert stats["cluster.gpu/long.upstream_rq_total"] == 1
-    assert stats["cluster.gpu.upstream_rq_total"] == 6
+    assert stats["cluster.gpu.upstream_rq_total"] == len(short)
     # Logged as it started, while it lasted, and as it ended; and only the long prompt.
     entries = gateway.app.telemetry.registry.get_sample_value
     assert entries("xds_als_entries_total", {"type": "UpstreamPoolReady"}) == 1
