@@ -7,10 +7,11 @@ Kubernetes the manifests promise and of the newest the library ships.
 
 Schemas cannot see what ties the objects together, so the rest of this module checks the
 properties that could drift without any tool noticing: the server's security settings and
-least-privilege RBAC, probes on the admin port, the arguments the server is started with,
-the routing ConfigMap parsing as a routing config, the example model server matching the
-pool it is meant for, the Envoy bootstrap pointing at the server's Service (and being what
-the renderer produces), Services and PodDisruptionBudgets selecting existing pods, the
+least-privilege RBAC, probes on the admin port, the arguments the server is started with
+(its peers' selector picking its own pods and no others), the routing ConfigMap parsing as
+a routing config, the example model server matching the pool it is meant for, the Envoy
+bootstrap pointing at the server's Service (and being what the renderer produces),
+Services and PodDisruptionBudgets selecting existing pods, the
 image tags following the Dockerfile and pyproject.toml, and rollouts that cut nothing:
 the server's rolling update keeps a ready replica, and Envoy's preStop hook (run here, with
 bash, against a real Envoy) drains it and waits for the stream in flight.
@@ -296,6 +297,25 @@ def test_the_server_accepts_its_arguments(rendered: list[Doc]) -> None:
     assert parsed.configmap == "xds-server-config"
     assert parsed.xds_port == 18000
     assert parsed.admin_port == 9000
+
+
+def test_the_server_finds_its_peers_among_its_own_pods(rendered: list[Doc]) -> None:
+    """Replicas exchange load pod to pod on the xDS port; each finds the others by the
+    label selector it is given, which must pick this Deployment's pods and no others, and
+    leaves itself out by its pod name."""
+    server = _server(rendered)
+    container = _container(server)
+    (selector,) = _flag_values(container["args"], "--peers-selector")
+    labels = dict(term.split("=", 1) for term in selector.split(","))
+    assert _selects(labels, _pod_labels(server))
+    others = [d for d in _all(rendered, "Deployment") if d is not server]
+    assert others and not any(_selects(labels, _pod_labels(d)) for d in others)
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    args = container["args"]
+    assert args[args.index("--xds-address") + 1] == "0.0.0.0"
+    assert 18000 in [p["containerPort"] for p in container["ports"]]
 
 
 def test_rbac_allows_exactly_what_the_server_needs(rendered: list[Doc]) -> None:
