@@ -178,6 +178,16 @@ async def _apply(gateway: LocalGateway, config: RoutingConfig, envoy: _EnvoyVers
         await _acked(gateway, await asyncio.wait_for(app.controller.settled(), 10), envoy)
 
 
+def _served(gateway: LocalGateway, snapshot: Snapshot) -> Snapshot:
+    """The snapshot the benchmark's Envoy is served now: its own (it has its own admission
+    limits with flow control), else the one in force, else `snapshot`."""
+    for record in gateway.app.registry.streams():
+        entry = gateway.app.cache.entry_for(record.group, record.node_id)
+        if record.node_id and entry is not None:
+            return entry.snapshot
+    return gateway.app.controller.snapshot or snapshot
+
+
 async def _acked(gateway: LocalGateway, snapshot: Snapshot | None, envoy: _EnvoyVersions) -> None:
     """Wait until Envoy has ACKed `snapshot`, or the one that replaced it: the policy
     re-scores every scrape interval, and Envoy may never ACK a version already replaced."""
@@ -186,7 +196,7 @@ async def _acked(gateway: LocalGateway, snapshot: Snapshot | None, envoy: _Envoy
     deadline = loop.time() + 10
     for resource_type in ResourceType:
         while True:
-            version = (gateway.app.controller.snapshot or snapshot).versions[resource_type]
+            version = _served(gateway, snapshot).versions[resource_type]
             if envoy.holds(gateway, resource_type, version):
                 break
             try:

@@ -18,6 +18,7 @@ from xds_server.errors import ConfigError
 from xds_server.policy.admission import BandLoad
 from xds_server.policy.decision import FleetLoad, PoolLoad
 from xds_server.policy.scoring import MAX_WEIGHT, PodSignals
+from xds_server.policy.shares import EnvoyDemand
 from xds_server.snapshots import SnapshotBuilder
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
@@ -117,20 +118,31 @@ async def test_the_good_config_restored_clears_the_error(running) -> None:  # ty
 
 class FakeLoad:
     """A LoadSource for the pool named "pool": in-flight counts per band, long prompts per
-    endpoint id, and a number of Envoys."""
+    endpoint id, and the Envoys (node ids), each with an equal part of the requests."""
 
-    def __init__(self, in_flight: dict[Band, int], *, envoys: int = 1, rate: float = 2.0) -> None:
+    def __init__(
+        self, in_flight: dict[Band, int], *, envoys: tuple[str, ...] = (), rate: float = 2.0
+    ) -> None:
         self.in_flight = in_flight
-        self.count = envoys
+        self.envoys = envoys
         self.rate = rate
         self.long_prompts: dict[str, int] = {}
 
     def fleet_load(self, config: RoutingConfig) -> FleetLoad:
-        bands = BandLoad(in_flight=self.in_flight, completions_per_s=self.rate)
-        return FleetLoad(
-            pools={"pool": PoolLoad(bands=bands, long_prompts=self.long_prompts)},
-            envoys=self.count,
+        share = (
+            {
+                band: EnvoyDemand(in_flight=count // len(self.envoys))
+                for band, count in self.in_flight.items()
+            }
+            if self.envoys
+            else {}
         )
+        bands = BandLoad(
+            in_flight=self.in_flight,
+            completions_per_s=self.rate,
+            by_envoy=dict.fromkeys(self.envoys, share),
+        )
+        return FleetLoad(pools={"pool": PoolLoad(bands=bands, long_prompts=self.long_prompts)})
 
 
 _: type[LoadSource] = FakeLoad
@@ -152,19 +164,28 @@ pools:
 @pytest.mark.looptime
 async def test_flow_control_sets_band_limits_over_rtds_and_retry_after_over_rds() -> None:
     telemetry, cache = Telemetry(), SnapshotCache()
-    load = FakeLoad({"critical": 4, "standard": 10}, envoys=2)
+    load = FakeLoad({"critical": 4, "standard": 10}, envoys=("a", "b"))
     controller = Controller(cache=cache, telemetry=telemetry, load=load)
     task = asyncio.create_task(controller.run())
+    standard = "circuit_breakers.pool/standard.default.max_requests"
+    sheddable = "circuit_breakers.pool/sheddable.default.max_requests"
+
+    def layer_of(node_id: str) -> dict[str, float]:
+        entry = cache.entry_for("", node_id)
+        assert entry is not None
+        [runtime] = entry.snapshot.resources[ResourceType.RUNTIME].values()
+        return dict(runtime.message.layer)
+
     try:
         controller.submit(parse_config(FLOW))
         first = await asyncio.wait_for(controller.settled(), 2)
         assert first is not None
-        [runtime] = first.resources[ResourceType.RUNTIME].values()
-        layer = dict(runtime.message.layer)
-        # Capacity 20 (2 pods x 10); Standard gets 20 - 4, Sheddable 20 - 14; halved per Envoy.
-        assert layer["circuit_breakers.pool/standard.default.max_requests"] == 8
-        assert layer["circuit_breakers.pool/sheddable.default.max_requests"] == 3
-        assert layer["circuit_breakers.pool/critical.default.max_requests"] >= 1_000_000
+        # Capacity 20 (2 pods x 10); Standard gets 20 - 4, Sheddable 20 - 14, over the
+        # fleet; each Envoy (equal demand) half, and one not named yet its floor (1).
+        assert (layer_of("a")[standard], layer_of("b")[standard]) == (8, 8)
+        assert layer_of("a")[sheddable] + layer_of("b")[sheddable] == 6
+        assert layer_of("new")[standard] == layer_of("new")[sheddable] == 1
+        assert layer_of("a")["circuit_breakers.pool/critical.default.max_requests"] >= 1_000_000
         assert controller.decision.admissions["pool"].retry_after_s["sheddable"] == 1
 
         # The pool fills up: limits move over RTDS alone, Retry-After over RDS alone.
@@ -172,14 +193,15 @@ async def test_flow_control_sets_band_limits_over_rtds_and_retry_after_over_rds(
         await asyncio.sleep(0.3)
         second = controller.snapshot
         assert second is not None
-        [runtime] = second.resources[ResourceType.RUNTIME].values()
-        assert runtime.message.layer["circuit_breakers.pool/standard.default.max_requests"] == 5
-        assert runtime.message.layer["circuit_breakers.pool/sheddable.default.max_requests"] == 0
+        # Standard 20 - 10 over the fleet, but each Envoy holds 15: nothing more starts.
+        assert (layer_of("a")[standard], layer_of("b")[standard]) == (5, 5)
+        assert layer_of("a")[sheddable] == layer_of("new")[sheddable] == 0
         # 40 in flight for 20 places, 2 completions/s: 21 to finish first, about 10 s.
         assert controller.decision.admissions["pool"].retry_after_s["sheddable"] == 12
         assert second.versions[ResourceType.ROUTE] != first.versions[ResourceType.ROUTE]
         for kept in (ResourceType.CLUSTER, ResourceType.LISTENER, ResourceType.ENDPOINT):
             assert second.versions[kept] == first.versions[kept]
+            assert cache.entry_for("", "a").snapshot.versions[kept] == second.versions[kept]  # type: ignore[union-attr]
     finally:
         task.cancel()
 

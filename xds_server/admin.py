@@ -4,8 +4,11 @@
 /healthz         200 while the process serves (liveness)
 /readyz          200 once a snapshot is in the cache, else 503 (readiness)
 /debug/nodes     connected Envoys: node, versions sent and ACKed per type, last NACK, and
-                 their latest load reports (LRS) per cluster
-/debug/snapshot  the snapshot of every group: versions and resource names
+                 their latest load reports (LRS) per cluster; the fleet: this replica's
+                 peers, every Envoy the policy counts (and where it was heard of), its
+                 limits per pool and band, and each band's fleet-wide budget
+/debug/snapshot  the snapshot of every group: versions and resource names; and the
+                 versions of each Envoy that has its own admission limits
 /debug/config    the routing config in force, the last config error, and on Kubernetes the
                  watches, objectives and objects that could not be used
 """
@@ -47,6 +50,7 @@ def make_admin_app(
     controller: Controller,
     discovery: DebugSource | None = None,
     load_reports: Callable[[], Any] | None = None,
+    fleet: Callable[[], Any] | None = None,
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(telemetry.registry)
@@ -68,11 +72,12 @@ def make_admin_app(
             {
                 "streams": registry.to_json(),
                 "load_reports": None if load_reports is None else load_reports(),
+                "fleet": None if fleet is None else fleet(),
             }
         )
 
     async def snapshot(_: web.Request) -> web.Response:
-        return _json({"groups": cache.to_json()})
+        return _json(cache.to_json())
 
     async def config(_: web.Request) -> web.Response:
         current = controller.config

@@ -1,8 +1,8 @@
 """The composition root: every part of the server, built in order and started together.
 
     sources: config file or ConfigMap, Kubernetes, pod metrics ──┐
-    xDS edge: LRS load reports, ALS long prompts ── fleet_load ──┤
-                                                                 ▼
+    xDS edge: LRS load reports, ALS long prompts ─┬ fleet_load ──┤
+    peering: the other replicas' Envoys' load ────┘              ▼
     controller ── policy.decide ── snapshots ── xds cache ── ADS, to every Envoy
 
 `XdsApplication` is an async context manager so that the CLI, the local demo and the tests
@@ -30,6 +30,10 @@ from xds_server.errors import ConfigError, XdsServerError
 from xds_server.fleet_load import EnvoyLoad
 from xds_server.metrics.scraper import Scraper
 from xds_server.metrics.store import MetricsStore
+from xds_server.peering.kubernetes import KubernetesPeers
+from xds_server.peering.links import PeerLinks
+from xds_server.peering.reports import ReplicaReport
+from xds_server.peering.service import PeeringServer
 from xds_server.settings import ServerSettings
 from xds_server.sources.kubernetes import client as kubernetes_client
 from xds_server.sources.kubernetes.discovery import KubernetesDiscovery
@@ -74,7 +78,16 @@ class XdsApplication:
         self.load_reports = LoadReports(self.telemetry, clock=clock)
         # A prefilling prompt not logged for 10 intervals lost its end with its stream.
         self.long_prompts = PrefillingPrompts(stale_s=10 * LONG_PROMPT_LOG_INTERVAL_S, clock=clock)
-        self.envoy_load = EnvoyLoad(self.load_reports, self.long_prompts)
+        self.peers = PeerLinks(
+            replica=settings.replica, registry=self.telemetry.registry, clock=clock
+        )
+        self.envoy_load = EnvoyLoad(
+            self.load_reports,
+            self.long_prompts,
+            replica=settings.replica,
+            registry=self.registry,
+            peers=self.peers,
+        )
         store = MetricsStore()
         self.pods = PodMetricsSource(store, clock=clock)
         self.controller = Controller(
@@ -86,6 +99,8 @@ class XdsApplication:
         )
         self.load_reports.subscribe(self.controller.load_changed)
         self.long_prompts.subscribe(self.controller.load_changed)
+        self.peers.subscribe(self.controller.peers_changed)
+        self.registry.subscribe(self.controller.envoy_connected)
         scrape_telemetry = ScrapeTelemetry(self.telemetry.registry)
         self.scraper = Scraper(
             store,
@@ -99,6 +114,7 @@ class XdsApplication:
         self.discovery: KubernetesDiscovery | None = None
         self._kubernetes_api: Any = None
         self._kubernetes_telemetry: KubernetesTelemetry | None = None
+        self._kubernetes_peers: KubernetesPeers | None = None
         if settings.kubernetes is not None:
             k = settings.kubernetes
             self._kubernetes_api = kubernetes_client.api_client(
@@ -112,6 +128,17 @@ class XdsApplication:
                 telemetry=self._kubernetes_telemetry,
                 watch=k.watch,
             )
+            if settings.peers_selector is not None:
+                self._kubernetes_peers = KubernetesPeers(
+                    self._kubernetes_api,
+                    namespace=k.namespace,
+                    selector=settings.peers_selector,
+                    port=settings.xds_port,
+                    own_pod=settings.replica,
+                    on_peers=self.peers.set_peers,
+                    telemetry=self._kubernetes_telemetry,
+                    watch=k.watch,
+                )
         self._admin = AdminServer(
             make_admin_app(
                 telemetry=self.telemetry,
@@ -120,6 +147,7 @@ class XdsApplication:
                 controller=self.controller,
                 discovery=self.discovery,
                 load_reports=self.load_reports.to_json,
+                fleet=self._fleet_json,
             ),
             host=settings.admin_host,
             port=settings.admin_port,
@@ -142,6 +170,18 @@ class XdsApplication:
     def _metrics_changed(self, _pod_id: str) -> None:
         self.controller.metrics_changed()
 
+    def _fleet_json(self) -> dict[str, object]:
+        """For /debug/nodes: the peers, and the fleet's Envoys as the policy counts them."""
+        return {
+            "replica": self.settings.replica,
+            "peers": self.peers.to_json(),
+            **self.envoy_load.to_json(self.controller.config, self.controller.decision),
+        }
+
+    def _own_report(self) -> ReplicaReport:
+        """What this replica's peers are told: its own Envoys' load."""
+        return self.envoy_load.local_report(self.controller.config)
+
     async def __aenter__(self) -> XdsApplication:
         if self._state is not _State.UNOPENED:
             raise RuntimeError(f"Cannot open an XdsApplication that is {self._state.value}.")
@@ -158,6 +198,8 @@ class XdsApplication:
             stack.push_async_callback(self._admin.stop)
             self._start_tasks()
             stack.push_async_callback(self._stop_tasks)
+            self.peers.set_peers(self.settings.peers)
+            stack.push_async_callback(self.peers.close)
             self._stack = stack.pop_all()
         s = self.settings
         logger.info(
@@ -189,6 +231,7 @@ class XdsApplication:
                 AccessLogServer(
                     prompts=self.long_prompts, telemetry=self.telemetry
                 ).generic_handler(),
+                PeeringServer(report=self._own_report).generic_handler(),
             )
         )
         try:
@@ -207,6 +250,10 @@ class XdsApplication:
         if self.discovery is not None:
             self._tasks.append(
                 asyncio.create_task(self.discovery.run(), name="kubernetes-discovery")
+            )
+        if self._kubernetes_peers is not None:
+            self._tasks.append(
+                asyncio.create_task(self._kubernetes_peers.run(), name="kubernetes-peers")
             )
 
     async def _stop_tasks(self) -> None:

@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,6 +58,8 @@ def _configure_logging(level: str, fmt: str) -> None:
 async def _run(args: argparse.Namespace) -> None:
     if args.configmap is not None and not args.kubernetes:
         raise SystemExit("xds-server run: --configmap needs --kubernetes")
+    if args.peers_selector is not None and not args.kubernetes:
+        raise SystemExit("xds-server run: --peers-selector needs --kubernetes")
     from xds_server.app import XdsApplication
     from xds_server.settings import KubernetesSettings, ServerSettings
 
@@ -78,6 +82,9 @@ async def _run(args: argparse.Namespace) -> None:
         admin_host=args.admin_address,
         admin_port=args.admin_port,
         config_poll_s=args.config_poll,
+        replica=args.replica,
+        peers=tuple(args.peer or ()),
+        peers_selector=args.peers_selector,
     )
     async with XdsApplication(settings) as app:
         signalled = asyncio.create_task(_until_signalled())
@@ -156,6 +163,23 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--admin-port", type=int, default=9000)
     run.add_argument(
         "--config-poll", type=float, default=1.0, help="seconds between config file checks"
+    )
+    run.add_argument(
+        "--replica",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="this replica's name, as its peers know it (default: $POD_NAME, else the host name)",
+    )
+    peers = run.add_mutually_exclusive_group()
+    peers.add_argument(
+        "--peer",
+        action="append",
+        metavar="HOST:PORT",
+        help="another server replica's xDS address, to share Envoy load with (repeatable)",
+    )
+    peers.add_argument(
+        "--peers-selector",
+        metavar="LABELS",
+        help="find the other replicas as the Ready pods of this label selector in --namespace",
     )
 
     boot = commands.add_parser(

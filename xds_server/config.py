@@ -295,6 +295,9 @@ class FlowControlConfig(_Strict):
     # Sheddable requests are admitted only while the pool runs below this share of the
     # places Standard may fill: Sheddable is refused first, and leaves Standard room to grow.
     sheddable_utilization: Annotated[float, Field(ge=0, le=1)] = 0.8
+    # Places of each band's budget every Envoy keeps whatever its demand, so that an Envoy
+    # whose traffic starts can admit at once (the rest follows each Envoy's demand).
+    envoy_floor: Annotated[int, Field(ge=0, le=10_000)] = 1
     # Bounds of the Retry-After a refused request gets (the value is the expected drain time).
     retry_after_min_s: Annotated[int, Field(ge=1, le=3600)] = 1
     retry_after_max_s: Annotated[int, Field(ge=1, le=3600)] = 60

@@ -46,8 +46,9 @@ class SignalsSource(Protocol):
 
 
 class LoadSource(Protocol):
-    """What the connected Envoys report of the load they carry (LRS, and their access log
-    of long prompts), translated from Envoy's cluster names to `config`'s pools and bands."""
+    """What the fleet's Envoys report of the load they carry (LRS, and their access log of
+    long prompts; this replica's and its peers'), translated from Envoy's cluster names to
+    `config`'s pools and bands."""
 
     def fleet_load(self, config: RoutingConfig) -> FleetLoad: ...
 
@@ -139,6 +140,19 @@ class Controller:
         """New pod metrics arrived; decide again within `debounce_s` (not extended by more)."""
         if self._config is not None:
             self._schedule(extend=False)
+
+    def peers_changed(self) -> None:
+        """A peer replica's report of its Envoys' load arrived (or a peer came or went);
+        decide within `debounce_s` (not extended by more)."""
+        if self._config is not None:
+            self._schedule(extend=False)
+
+    def envoy_connected(self, _node_id: str) -> None:
+        """An Envoy identified itself on an ADS stream. With flow control, decide now: until
+        a decision names it, it enforces only the floor of each band."""
+        config = self._config
+        if config is not None and config.flow_control.enabled:
+            self._schedule(extend=False, now=True)
 
     def load_changed(self, clusters: Set[str]) -> None:
         """The Envoys' access log or load reports changed the requests in flight per endpoint
@@ -251,9 +265,10 @@ class Controller:
             self._telemetry.config_reloads.labels("error").inc()
             self.last_error = str(exc)
             return
+        own = self._builder.for_envoys(config, decision, snapshot)
         self._built = (config, decision)
         self._telemetry.snapshot_build_duration.observe(time.perf_counter() - started)
-        if self._cache.set_snapshot(snapshot, group=self._group):
+        if self._cache.set_snapshot(snapshot, group=self._group, nodes=own):
             self._telemetry.snapshot_updates.labels(self._group).inc()
             for resource_type in ResourceType:
                 self._telemetry.record_snapshot_version(

@@ -1,55 +1,181 @@
-"""The Envoys' load, from Envoy's cluster names to the policy's pools, bands and pods.
+"""The fleet's load, from Envoy's cluster names to the policy's pools, bands and pods.
 
-The xDS edge (xds/load_reports.py, xds/access_logs.py) keeps what the Envoys report per
-cluster name, as Envoy names them. This is the one place those names are translated
-(envoy/names.py says what each cluster carries), so the policy reads load by pool, band
-and endpoint id, and telemetry counts admissions the same way. Clusters the config does
-not name are not read.
+The xDS edge (xds/load_reports.py, xds/access_logs.py) keeps what this replica's Envoys
+report per cluster name, as Envoy names them; the peer links (xds_server/peering) keep what
+the other replicas' Envoys report. This is the one place both are merged and those names
+translated (envoy/names.py says what each cluster carries), so the policy reads load by
+pool, band, Envoy and endpoint id, over every Envoy of the fleet whichever replica it
+reports to. Clusters the config does not name are not read, nor passed on to peers.
+
+An Envoy known twice (it moved between replicas, and the old one's last report still
+lists it) counts once, from the best source: its load reports arriving here, else a
+peer's report that has its load (the newest), else its ADS stream here (no load yet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
-from xds_server.config import BANDS, Band, RoutingConfig
+from xds_server.config import BANDS, Band, PoolConfig, RoutingConfig
 from xds_server.envoy import names
+from xds_server.peering.reports import ClusterReport, EnvoyReport, ReplicaReport
 from xds_server.policy.admission import BandLoad
-from xds_server.policy.decision import FleetLoad, PoolLoad
+from xds_server.policy.decision import Decision, FleetLoad, PoolLoad
+from xds_server.policy.shares import EnvoyDemand
 from xds_server.telemetry.bands import BandTotals
 from xds_server.xds.access_logs import PrefillingPrompts
 from xds_server.xds.load_reports import LoadReports
+from xds_server.xds.nodes import NodeRegistry
 
-__all__ = ["EnvoyLoad"]
+__all__ = ["EnvoyLoad", "PeerView"]
+
+
+class PeerView(Protocol):
+    """What the other server replicas report of their Envoys (peering/links.py)."""
+
+    def reports(self) -> list[tuple[ReplicaReport, float]]: ...
+
+    def reserved(self) -> float: ...
+
+
+def _lanes(config: RoutingConfig, pool: PoolConfig) -> tuple[dict[Band, list[str]], list[str]]:
+    """The pool's band clusters (with flow control) and long-prompt clusters."""
+    bands = names.band_clusters(config, pool) if config.flow_control.enabled else {}
+    return bands, list(names.long_prompt_clusters(config, pool))
 
 
 class EnvoyLoad:
-    """The controller's LoadSource (and telemetry's BandTotalsSource): what every
-    connected Envoy reports over LRS, and the long prompts they log while those prefill
-    (ALS).
+    """The controller's LoadSource (and telemetry's BandTotalsSource): what every Envoy of
+    the fleet reports over LRS, and the long prompts they log while those prefill (ALS).
 
     All Envoys count, whatever their node group: the pods' capacity is shared by all.
     """
 
-    def __init__(self, reports: LoadReports, prompts: PrefillingPrompts) -> None:
+    def __init__(
+        self,
+        reports: LoadReports,
+        prompts: PrefillingPrompts,
+        *,
+        replica: str = "xds-server",
+        registry: NodeRegistry | None = None,
+        peers: PeerView | None = None,
+    ) -> None:
         self._reports = reports
         self._prompts = prompts
+        self._replica = replica
+        self._registry = registry
+        self._peers = peers
+
+    # -- this replica's Envoys -------------------------------------------------------------
+
+    def local_report(self, config: RoutingConfig | None) -> ReplicaReport:
+        """This replica's own Envoys' load on `config`'s lanes (what its peers are sent)."""
+        if config is None:
+            return ReplicaReport(replica=self._replica)
+        long_prompt: set[str] = set()
+        wanted: set[str] = set()
+        for pool in config.pools:
+            bands, long = _lanes(config, pool)
+            long_prompt.update(long)
+            wanted.update(long, *bands.values())
+        prefilling: dict[str, dict[str, dict[str, int]]] = {n: {} for n in self._prompts.nodes()}
+        for cluster in sorted(long_prompt):
+            for node_id, counts in self._prompts.prefilling_by_node(cluster).items():
+                if node_id in prefilling:
+                    prefilling[node_id][cluster] = counts
+        envoys: dict[str, EnvoyReport] = {}
+        # Newest stream last: a node on two LRS streams (a reconnect) counts as its newest.
+        for node in sorted(self._reports.nodes(), key=lambda n: n.stream_id):
+            clusters = {
+                name: ClusterReport(
+                    in_progress=load.in_progress,
+                    by_endpoint=dict(load.by_endpoint) if name in long_prompt else {},
+                    issued_per_s=load.rates.issued_per_s,
+                    successful_per_s=load.rates.successful_per_s,
+                    dropped_per_s=load.rates.dropped_per_s,
+                )
+                for name, load in sorted(node.clusters.items())
+                if name in wanted
+            }
+            envoys[node.node_id] = EnvoyReport(
+                node_id=node.node_id,
+                reports_load=True,
+                clusters=clusters,
+                prefilling=prefilling.get(node.node_id),
+            )
+        for record in self._registry.streams() if self._registry is not None else ():
+            if record.node_id and record.node_id not in envoys:
+                envoys[record.node_id] = EnvoyReport(
+                    node_id=record.node_id, prefilling=prefilling.get(record.node_id)
+                )
+        return ReplicaReport(replica=self._replica, envoys=tuple(envoys[n] for n in sorted(envoys)))
+
+    # -- the fleet ---------------------------------------------------------------------------
+
+    def envoys(self, config: RoutingConfig | None) -> dict[str, tuple[str, EnvoyReport]]:
+        """Every Envoy of the fleet once (module docstring), with where it was heard of:
+        "local", or the peer replica's name."""
+        ranked: dict[str, tuple[int, str, EnvoyReport]] = {}
+
+        def offer(rank: int, source: str, envoy: EnvoyReport) -> None:
+            current = ranked.get(envoy.node_id)
+            if current is None or rank > current[0]:
+                ranked[envoy.node_id] = (rank, source, envoy)
+
+        for envoy in self.local_report(config).envoys:
+            offer(3 if envoy.reports_load else 1, "local", envoy)
+        for report, _received_at in self._peers.reports() if self._peers is not None else ():
+            for envoy in report.envoys:
+                offer(2 if envoy.reports_load else 0, report.replica, envoy)
+        return {node: (source, envoy) for node, (_, source, envoy) in sorted(ranked.items())}
 
     def fleet_load(self, config: RoutingConfig) -> FleetLoad:
+        envoys = [envoy for _, envoy in self.envoys(config).values()]
+        pools = {}
+        for pool in config.pools:
+            bands, long = _lanes(config, pool)
+            pools[pool.name] = PoolLoad(
+                bands=_band_load(bands, envoys) if bands else BandLoad(in_flight={}),
+                long_prompts=_long_prompts(long, envoys),
+            )
         return FleetLoad(
-            pools={
-                pool.name: PoolLoad(
-                    bands=self._band_load(names.band_clusters(config, pool))
-                    if config.flow_control.enabled
-                    else BandLoad(in_flight={}),
-                    long_prompts=self._long_prompts(names.long_prompt_clusters(config, pool)),
-                )
-                for pool in config.pools
-            },
-            envoys=max(1, len(self._reports.nodes())),
+            pools=pools, reserved=self._peers.reserved() if self._peers is not None else 0.0
         )
 
+    def to_json(self, config: RoutingConfig | None, decision: Decision) -> dict[str, object]:
+        """For /debug/nodes: the budget held back for unseen replicas, each pool's
+        fleet-wide budgets, and every Envoy counted, where it was heard of, its demand and
+        its limits per pool and band."""
+        admissions = decision.admissions
+        return {
+            "reserved": self._peers.reserved() if self._peers is not None else 0.0,
+            "budgets": {
+                pool: {"budget": dict(a.budget), "in_flight": dict(a.in_flight)}
+                for pool, a in sorted(admissions.items())
+            },
+            "envoys": [
+                {
+                    "node_id": node_id,
+                    "heard_from": source,
+                    "reports_load": envoy.reports_load,
+                    "limits": {pool: dict(a.limits_of(node_id)) for pool, a in admissions.items()},
+                    "demand": {
+                        pool: {
+                            band: {"in_flight": d.in_flight, "arrivals_per_s": d.arrivals_per_s}
+                            for band, d in a_load.items()
+                        }
+                        for pool, a in admissions.items()
+                        if (a_load := a.demand.get(node_id)) is not None
+                    },
+                }
+                for node_id, (source, envoy) in self.envoys(config).items()
+            ],
+        }
+
     def band_totals(self, config: RoutingConfig) -> dict[tuple[str, Band], BandTotals]:
-        """Admitted and refused requests per (pool, band) of `config` with flow control."""
+        """Admitted and refused requests per (pool, band) of `config` with flow control, by
+        this replica's Envoys since it started."""
         totals = {}
         for pool in config.pools:
             clusters = names.band_clusters(config, pool)
@@ -60,29 +186,46 @@ class EnvoyLoad:
                 )
         return totals
 
-    def _band_load(self, clusters: dict[Band, list[str]]) -> BandLoad:
-        """In-flight requests per band (summed over the band's clusters and every Envoy)
-        and the completions per second of all of them together."""
-        rates = {band: [self._reports.rates(c) for c in cs] for band, cs in clusters.items()}
-        return BandLoad(
-            in_flight={
-                band: sum(self._reports.in_progress(c) for c in cs) for band, cs in clusters.items()
-            },
-            completions_per_s=sum(r.successful_per_s for rs in rates.values() for r in rs),
-            issued_per_s={band: sum(r.issued_per_s for r in rs) for band, rs in rates.items()},
-        )
 
-    def _long_prompts(self, clusters: Sequence[str]) -> dict[str, int]:
-        """From the Envoys that log long prompts, those still prefilling; from the others,
-        those in flight as their last load report says (it cannot tell prefill from
-        decode)."""
-        logging_nodes = self._prompts.nodes()
-        total: dict[str, int] = {}
+def _band_load(clusters: Mapping[Band, list[str]], envoys: Iterable[EnvoyReport]) -> BandLoad:
+    """In-flight requests per band (summed over the band's clusters and every Envoy),
+    the completions per second of all of them together, and each Envoy's demand."""
+    in_flight = dict.fromkeys(clusters, 0)
+    issued = dict.fromkeys(clusters, 0.0)
+    completions = 0.0
+    by_envoy: dict[str, dict[Band, EnvoyDemand]] = {}
+    for envoy in envoys:
+        demands: dict[Band, EnvoyDemand] = {}
+        for band, names_of_band in clusters.items():
+            loads = [envoy.clusters[c] for c in names_of_band if c in envoy.clusters]
+            held = sum(load.in_progress for load in loads)
+            in_flight[band] += held
+            issued[band] += sum(load.issued_per_s for load in loads)
+            completions += sum(load.successful_per_s for load in loads)
+            demands[band] = EnvoyDemand(
+                in_flight=held,
+                arrivals_per_s=sum(load.issued_per_s + load.dropped_per_s for load in loads),
+            )
+        by_envoy[envoy.node_id] = demands
+    return BandLoad(
+        in_flight=in_flight,
+        completions_per_s=completions,
+        issued_per_s=issued,
+        by_envoy=by_envoy,
+    )
+
+
+def _long_prompts(clusters: list[str], envoys: Iterable[EnvoyReport]) -> dict[str, int]:
+    """From the Envoys that log long prompts, those still prefilling; from the others,
+    those in flight as their last load report says (it cannot tell prefill from decode)."""
+    total: dict[str, int] = {}
+    for envoy in envoys:
         for cluster in clusters:
-            for counts in (
-                self._prompts.prefilling(cluster),
-                self._reports.in_progress_by_endpoint(cluster, excluding=logging_nodes),
-            ):
-                for key, count in counts.items():
-                    total[key] = total.get(key, 0) + count
-        return total
+            if envoy.prefilling is not None:
+                counts = envoy.prefilling.get(cluster, {})
+            else:
+                load = envoy.clusters.get(cluster)
+                counts = load.by_endpoint if load is not None else {}
+            for key, count in counts.items():
+                total[key] = total.get(key, 0) + count
+    return total

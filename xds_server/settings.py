@@ -60,12 +60,21 @@ class ServerSettings:
     # How often Envoys send load reports (LRS): requests in flight and rates per cluster.
     # Where a long prompt starts, the policy learns sooner from the access log (ALS).
     load_report_interval_s: float = 0.25
+    # This replica's name, as its peers know it (the pod's name on Kubernetes).
+    replica: str = "xds-server"
+    # The other replicas' xDS addresses ("host:port"), when they are fixed.
+    peers: tuple[str, ...] = ()
+    # Or the label selector of the server's own pods: its peers are the others, found
+    # through the Kubernetes API in its namespace (needs `kubernetes`).
+    peers_selector: str | None = None
 
     def __post_init__(self) -> None:
         if self.config_path is None and (
             self.kubernetes is None or self.kubernetes.configmap is None
         ):
             raise ValueError("ServerSettings needs a config_path, or Kubernetes with a ConfigMap.")
+        if self.peers_selector is not None and self.kubernetes is None:
+            raise ValueError("Finding peers by a label selector needs Kubernetes settings.")
 
     @property
     def config_source(self) -> str:

@@ -46,7 +46,9 @@ class SnapshotBuilder:
 
     A routing change rebuilds everything; an endpoints-only change (config endpoints, or
     the decision's endpoint states) only EDS; a change of band limits only RTDS; a change
-    of Retry-After (a route property) only RDS. So Envoy is sent only those.
+    of Retry-After (a route property) only RDS. So Envoy is sent only those. The group's
+    snapshot carries the limits of an Envoy the decision does not name yet; each named
+    Envoy gets its own RTDS layer on top of it (`for_envoys`).
 
     Mutable state: the inputs of the last build and the snapshot built from them.
     """
@@ -96,3 +98,19 @@ class SnapshotBuilder:
             snapshot=snapshot,
         )
         return snapshot
+
+    @staticmethod
+    def for_envoys(
+        config: RoutingConfig, decision: Decision, base: Snapshot
+    ) -> dict[str, Snapshot]:
+        """Per Envoy (node id) whose admission limits differ from `base`'s (the floor an
+        Envoy the decision does not name gets): `base` with that Envoy's own RTDS layer.
+        Every other resource is `base`'s, serialized once."""
+        default = admission_layer(config, decision.admissions)
+        nodes = sorted({node for a in decision.admissions.values() for node in a.by_envoy})
+        own: dict[str, Snapshot] = {}
+        for node_id in nodes:
+            layer = admission_layer(config, decision.admissions, node_id)
+            if layer != default:
+                own[node_id] = base.replace(ResourceType.RUNTIME, envoy.build_runtime(layer))
+        return own

@@ -11,7 +11,6 @@ import aiohttp
 
 from tests.e2e.conftest import eventually
 from xds_server.envoy import names, render_bootstrap
-from xds_server.xds.resources import ResourceType
 from xds_testbed.envoy_process import EnvoyProcess
 from xds_testbed.gateway import LocalGateway
 
@@ -44,14 +43,12 @@ async def send(
         return response.status, response.headers.get("retry-after"), await response.read()
 
 
-def runtime_value(gateway: LocalGateway, band: str) -> float | None:
-    snapshot = gateway.app.controller.snapshot
-    if snapshot is None:
+def limit_of(gateway: LocalGateway, band: str) -> set[int] | None:
+    """The `band` limits of the two Envoys (their own RTDS layers) the server decided."""
+    admission = gateway.app.controller.decision.admissions.get("pool")
+    if admission is None or len(admission.by_envoy) < 2:
         return None
-    [runtime] = snapshot.resources[ResourceType.RUNTIME].values()
-    key = f"circuit_breakers.{names.band_cluster_name('pool', band)}.default.max_requests"  # type: ignore[arg-type]
-    value = runtime.message.layer.fields.get(key)
-    return None if value is None else value.number_value
+    return {limits[band] for limits in admission.by_envoy.values()}  # type: ignore[index]
 
 
 async def test_two_envoys_admit_within_the_pool_limit_by_strict_priority(  # type: ignore[no-untyped-def]
@@ -66,9 +63,10 @@ async def test_two_envoys_admit_within_the_pool_limit_by_strict_priority(  # typ
     )
     gateway = await gateway_factory()
     async with second_envoy(gateway) as other, aiohttp.ClientSession() as http:
-        # Both Envoys report load: each enforces half of the pool's capacity.
+        # Both Envoys report load, and neither has any yet: each enforces half of the
+        # pool's capacity.
         await eventually(lambda: len(gateway.app.load_reports.nodes()) == 2, what="2 LRS streams")
-        await eventually(lambda: runtime_value(gateway, "standard") == 2, what="limit 4 / 2")
+        await eventually(lambda: limit_of(gateway, "standard") == {2}, what="limit 4 / 2")
 
         standard = [
             asyncio.create_task(send(http, url, "standard"))
@@ -86,7 +84,7 @@ async def test_two_envoys_admit_within_the_pool_limit_by_strict_priority(  # typ
 
         # The pool is full: Sheddable has no spare capacity, Critical is still admitted.
         await eventually(
-            lambda: runtime_value(gateway, "sheddable") == 0, what="no spare capacity"
+            lambda: limit_of(gateway, "sheddable") == {0}, what="no spare capacity"
         )
         status, retry, _ = await send(http, gateway.url, "sheddable")
         assert status == 429 and retry is not None

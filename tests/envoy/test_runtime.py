@@ -24,7 +24,9 @@ def _admission(standard: int, *, retry_after_s: int = 1) -> PoolAdmission:
     return PoolAdmission(
         capacity=10,
         in_flight=dict.fromkeys(BANDS, 0),
+        budget={"critical": UNLIMITED, "standard": standard, "sheddable": 0},
         max_requests={"critical": UNLIMITED, "standard": standard, "sheddable": 0},
+        by_envoy={},
         retry_after_s=dict.fromkeys(BANDS, retry_after_s),
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from xds_server.config import FlowControlConfig
 from xds_server.policy.admission import UNLIMITED, BandLoad, PodCapacity, admit, pod_capacity
+from xds_server.policy.shares import EnvoyDemand
 
 SETTINGS = FlowControlConfig(
     enabled=True,
@@ -38,58 +39,80 @@ def test_pod_capacity_by_hardware_and_when_full() -> None:
 
 def test_strict_priority_budgets() -> None:
     pods = [idle(), idle()]  # capacity 64
-    quiet = admit(pods, load=load(), envoys=1, settings=SETTINGS)
+    quiet = admit(pods, load=load(), settings=SETTINGS)
     assert quiet.capacity == 64
-    assert quiet.max_requests == {"critical": UNLIMITED, "standard": 64, "sheddable": 64}
+    assert quiet.budget == {"critical": UNLIMITED, "standard": 64, "sheddable": 64}
 
-    busy = admit(
-        pods, load=load(critical=20, standard=30, sheddable=10), envoys=1, settings=SETTINGS
-    )
+    busy = admit(pods, load=load(critical=20, standard=30, sheddable=10), settings=SETTINGS)
     # Standard gets what Critical and (running) Sheddable leave; Sheddable only the spare.
-    assert busy.max_requests == {"critical": UNLIMITED, "standard": 34, "sheddable": 14}
+    assert busy.budget == {"critical": UNLIMITED, "standard": 34, "sheddable": 14}
     assert sum(busy.in_flight.values()) == 60 and busy.saturation == 60 / 64
 
-    flooded = admit(pods, load=load(critical=70), envoys=1, settings=SETTINGS)
-    assert flooded.max_requests == {"critical": UNLIMITED, "standard": 0, "sheddable": 0}
+    flooded = admit(pods, load=load(critical=70), settings=SETTINGS)
+    assert flooded.budget == {"critical": UNLIMITED, "standard": 0, "sheddable": 0}
 
 
-def test_budgets_are_shared_among_envoys_within_one_request_each() -> None:
+def test_each_envoy_gets_its_part_and_together_they_stay_within_the_budget() -> None:
     pods = [idle(), idle(), idle("a10g")]  # capacity 68
-    for envoys in (1, 2, 3, 7):
-        shared = admit(pods, load=load(critical=5, standard=20), envoys=envoys, settings=SETTINGS)
-        for band, budget in (("standard", 68 - 5), ("sheddable", 68 - 25)):
-            total = shared.max_requests[band] * envoys  # type: ignore[index]
-            assert budget <= total <= budget + envoys
+    for count in (1, 2, 3, 7):
+        demand = {
+            f"envoy-{i}": {"standard": EnvoyDemand(in_flight=i, arrivals_per_s=float(i))}
+            for i in range(count)
+        }
+        shared = admit(
+            pods,
+            load=BandLoad(
+                in_flight={"critical": 5, "standard": sum(range(count)), "sheddable": 0},
+                by_envoy=demand,
+            ),
+            settings=SETTINGS,
+        )
+        assert shared.budget["standard"] == 68 - 5
+        limits = [shared.limits_of(node)["standard"] for node in demand]
+        assert sum(limits) == 68 - 5
+        # Busier Envoys get more, and every one its floor.
+        assert limits == sorted(limits) and min(limits) >= SETTINGS.envoy_floor
+        # An Envoy the decision does not name yet gets the floor.
+        assert shared.limits_of("new")["standard"] == SETTINGS.envoy_floor
+
+
+def test_a_budget_held_back_for_unseen_replicas_is_not_split() -> None:
+    demand = {"a": {"standard": EnvoyDemand(arrivals_per_s=5.0)}}
+    shared = admit(
+        [idle()], load=BandLoad(in_flight={}, by_envoy=demand), settings=SETTINGS, reserved=0.5
+    )
+    assert shared.budget["standard"] == 32
+    assert shared.limits_of("a")["standard"] == 16
 
 
 def test_no_ready_pod_means_no_capacity_but_critical_stays_unlimited() -> None:
-    admission = admit([], load=load(critical=1), envoys=2, settings=SETTINGS)
+    admission = admit([], load=load(critical=1), settings=SETTINGS)
     assert admission.capacity == 0
-    assert admission.max_requests == {"critical": UNLIMITED, "standard": 0, "sheddable": 0}
+    assert admission.budget == {"critical": UNLIMITED, "standard": 0, "sheddable": 0}
     assert admission.retry_after_s["sheddable"] == SETTINGS.retry_after_max_s
 
 
 def test_retry_after_follows_the_expected_drain_time() -> None:
     pods = [idle()]  # capacity 32
-    light = admit(pods, load=load(standard=10, rate=8.0), envoys=1, settings=SETTINGS)
+    light = admit(pods, load=load(standard=10, rate=8.0), settings=SETTINGS)
     assert light.retry_after_s["sheddable"] == 1  # a place is free now: the minimum
-    heavy = admit(pods, load=load(critical=10, standard=60, rate=4.0), envoys=1, settings=SETTINGS)
+    heavy = admit(pods, load=load(critical=10, standard=60, rate=4.0), settings=SETTINGS)
     # 70 in flight for 32 places: 39 must finish first at 4/s, about 10 s (ladder: 10).
     assert heavy.retry_after_s["sheddable"] == 10
     assert heavy.retry_after_s["standard"] == 10
-    slower = admit(pods, load=load(critical=10, standard=60, rate=1.0), envoys=1, settings=SETTINGS)
+    slower = admit(pods, load=load(critical=10, standard=60, rate=1.0), settings=SETTINGS)
     assert slower.retry_after_s["sheddable"] == 40
-    capped = admit(pods, load=load(standard=500, rate=1.0), envoys=1, settings=SETTINGS)
+    capped = admit(pods, load=load(standard=500, rate=1.0), settings=SETTINGS)
     assert capped.retry_after_s["sheddable"] == SETTINGS.retry_after_max_s
 
 
 def test_headroom_keeps_places_free_for_critical() -> None:
     settings = SETTINGS.model_copy(update={"critical_headroom": 0.25})
-    admission = admit([idle(), idle()], load=load(critical=4), envoys=1, settings=settings)
+    admission = admit([idle(), idle()], load=load(critical=4), settings=settings)
     # 64 places, 16 kept for Critical: Standard may take 64 - 16 - 4.
-    assert admission.max_requests["standard"] == 44
-    assert admission.max_requests["sheddable"] == 44
-    assert admission.max_requests["critical"] == UNLIMITED
+    assert admission.budget["standard"] == 44
+    assert admission.budget["sheddable"] == 44
+    assert admission.budget["critical"] == UNLIMITED
 
 
 def test_sheddable_leaves_what_standard_will_take_before_the_next_update() -> None:
@@ -98,15 +121,15 @@ def test_sheddable_leaves_what_standard_will_take_before_the_next_update() -> No
         completions_per_s=5.0,
         issued_per_s={"standard": 40.0},
     )
-    admission = admit([idle(), idle()], load=arriving, envoys=1, settings=SETTINGS, horizon_s=0.25)
+    admission = admit([idle(), idle()], load=arriving, settings=SETTINGS, horizon_s=0.25)
     # 44 free places; Standard is expected to take 40/s x 0.25 s = 10 of them.
-    assert admission.max_requests["standard"] == 64
-    assert admission.max_requests["sheddable"] == 34
+    assert admission.budget["standard"] == 64
+    assert admission.budget["sheddable"] == 34
 
 
 def test_sheddable_stops_before_the_pool_is_full() -> None:
     settings = SETTINGS.model_copy(update={"sheddable_utilization": 0.75})
-    admission = admit([idle(), idle()], load=load(standard=40), envoys=1, settings=settings)
+    admission = admit([idle(), idle()], load=load(standard=40), settings=settings)
     # 64 places: Standard may fill them all, Sheddable only up to 48 in all.
-    assert admission.max_requests["standard"] == 64
-    assert admission.max_requests["sheddable"] == 8
+    assert admission.budget["standard"] == 64
+    assert admission.budget["sheddable"] == 8

@@ -12,6 +12,7 @@ from xds_server.policy.decision import (
     decide,
 )
 from xds_server.policy.scoring import MAX_WEIGHT, PodSignals
+from xds_server.policy.shares import EnvoyDemand
 
 CONFIG = parse_config(
     """
@@ -63,21 +64,29 @@ def test_load_keyed_by_pool_cuts_long_prompts_and_sets_band_limits() -> None:
     load = FleetLoad(
         pools={
             "gpu": PoolLoad(
-                bands=BandLoad(in_flight={"critical": 4, "standard": 6}, completions_per_s=2),
+                bands=BandLoad(
+                    in_flight={"critical": 4, "standard": 6},
+                    completions_per_s=2,
+                    by_envoy={
+                        "busy": {"standard": EnvoyDemand(in_flight=6, arrivals_per_s=4.0)},
+                        "idle": {},
+                    },
+                ),
                 long_prompts={B: 1},
             )
         },
-        envoys=2,
     )
     inputs = DecisionInputs(config=CONFIG, signals=_signals(0), load=load)
     decision, _ = decide(inputs, PolicyMemory())
     assert _weights(decision)[A] == MAX_WEIGHT
     assert _weights(decision)[B] < MAX_WEIGHT / 50
-    # Capacity 20: Standard may take 20 - 4, Sheddable 20 - 10; each of 2 Envoys half.
+    # Capacity 20: Standard may take 20 - 4, Sheddable 20 - 10, over the fleet; the Envoy
+    # with the demand gets all but the idle one's floor.
     gpu = decision.admissions["gpu"]
-    assert (gpu.max_requests["standard"], gpu.max_requests["sheddable"]) == (8, 5)
+    assert (gpu.budget["standard"], gpu.budget["sheddable"]) == (16, 10)
+    assert gpu.limits_of("busy")["standard"] == 15 and gpu.limits_of("idle")["standard"] == 1
     # A pool nobody reported on is admitted on its capacity alone.
-    assert decision.admissions["plain"].max_requests["standard"] == 5
+    assert decision.admissions["plain"].budget["standard"] == 10
 
 
 def test_without_signals_or_load_nothing_is_decided() -> None:

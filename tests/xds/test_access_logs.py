@@ -124,12 +124,13 @@ def test_the_policy_sees_prompts_logged_prefilling_and_reported_by_envoys_that_d
           - {name: q, models: [n]}
         """
     )
-    fleet = EnvoyLoad(reports, prompts).fleet_load(config)
+    envoy_load = EnvoyLoad(reports, prompts)
+    fleet = envoy_load.fleet_load(config)
     # Translated from cluster names once: `p/long` is pool p's long-prompt lane. Envoy 2
     # does not log: its reported request counts, prefilling or not.
     assert fleet.pools["p"].long_prompts == {"10.0.0.1:8001": 1, "10.0.0.1:8002": 1}
     assert fleet.pools["q"].long_prompts == {}
-    assert fleet.envoys == 2
+    assert set(envoy_load.envoys(config)) == {"envoy-1", "envoy-2"}
 
 
 def _reported(cluster: str, port: int, active: int) -> load_report_pb2.ClusterStats:

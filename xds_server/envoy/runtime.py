@@ -33,20 +33,22 @@ def max_requests_key(cluster: str) -> str:
 
 
 def admission_layer(
-    config: RoutingConfig, admissions: Mapping[str, PoolAdmission]
+    config: RoutingConfig, admissions: Mapping[str, PoolAdmission], node_id: str | None = None
 ) -> dict[str, int]:
-    """The runtime keys that enforce each pool's admission: every band cluster of the pool
-    (one per lane, names.band_clusters) gets its band's per-Envoy limit. Pools of
+    """The runtime keys that enforce each pool's admission at Envoy `node_id` (None: at an
+    Envoy the admission does not name, which gets the floor): every band cluster of the
+    pool (one per lane, names.band_clusters) gets that Envoy's limit for its band. Pools of
     `admissions` that the config does not have are ignored."""
     layer: dict[str, int] = {}
     for pool in config.pools:
         admission = admissions.get(pool.name)
         if admission is None:
             continue
+        limits = admission.max_requests if node_id is None else admission.limits_of(node_id)
         clusters = names.band_clusters(config, pool)
         for band in BANDS:
             for cluster in clusters[band]:
-                layer[max_requests_key(cluster)] = admission.max_requests[band]
+                layer[max_requests_key(cluster)] = limits[band]
     return layer
 
 

@@ -2,3 +2,5 @@
 fleet's load: each streams its own Envoys' load summary to the others (service.py), keeps a
 link to every peer (links.py), and finds its peers from a static list or the Kubernetes API
 (kubernetes.py)."""
+
+__all__: list[str] = []

@@ -21,8 +21,12 @@ from the pods' metrics and the Envoys' load reports:
   take before the next update (its admission rate times the horizon). An admitted
   request cannot be taken back and runs for many seconds, so each budget leaves room for
   what the others already run: the pods never hold more than T plus Critical.
-- **sharing**: each of the N connected Envoys enforces budget / N (rounded up, so their sum
-  stays within the budget plus one request per Envoy), as one snapshot serves them all.
+- **sharing**: the budget is fleet-wide (the load of every Envoy, whichever server replica
+  it reports to: xds_server/peering); each Envoy enforces its own part, which follows its
+  demand (shares.py). Places held back for replicas this one cannot see (`reserved`) are
+  kept out of the split, and an Envoy the decision does not know yet (it just connected)
+  enforces the floor until the next decision names it (at once: a new ADS stream is
+  decided on without delay).
 - **Retry-After**: the expected time until the band has a free place: the requests ahead
   of it beyond capacity, plus one, over the pool's completion rate; bounded by
   `retry_after_min_s` and `retry_after_max_s` and rounded up to a coarse ladder so the
@@ -37,6 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from xds_server.config import BANDS, Band, FlowControlConfig
+from xds_server.policy.shares import EnvoyDemand, split_budget
 
 __all__ = [
     "BandLoad",
@@ -67,24 +72,37 @@ class PodCapacity:
 
 @dataclass(frozen=True, kw_only=True)
 class BandLoad:
-    """What the Envoys report for a pool (LRS, summed over the Envoys of the group)."""
+    """What the Envoys report for a pool (LRS): summed over the fleet's Envoys, and per
+    Envoy (node id) the demand its part of each band's budget follows."""
 
     in_flight: Mapping[Band, int]
     # Requests of the pool completed per second, all bands together.
     completions_per_s: float = 0.0
     # Requests of each band sent to the pods per second (what a band takes between updates).
     issued_per_s: Mapping[Band, float] = field(default_factory=dict)
+    by_envoy: Mapping[str, Mapping[Band, EnvoyDemand]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
 class PoolAdmission:
-    """A pool's admission: per band, the limit each Envoy enforces and the Retry-After."""
+    """A pool's admission: per band, the fleet-wide budget, the limit each Envoy enforces
+    and the Retry-After."""
 
     capacity: int
     # Requests in flight over every Envoy, per band.
     in_flight: Mapping[Band, int]
+    # Requests each band may have in flight over the fleet (Critical: UNLIMITED).
+    budget: Mapping[Band, int]
+    # The limit of an Envoy not in `by_envoy` (one that just connected): the floor.
     max_requests: Mapping[Band, int]
+    # Each known Envoy's limits, by node id, and the demand they follow.
+    by_envoy: Mapping[str, Mapping[Band, int]]
     retry_after_s: Mapping[Band, int]
+    demand: Mapping[str, Mapping[Band, EnvoyDemand]] = field(default_factory=dict)
+
+    def limits_of(self, node_id: str) -> Mapping[Band, int]:
+        """The limits Envoy `node_id` enforces."""
+        return self.by_envoy.get(node_id, self.max_requests)
 
     @property
     def saturation(self) -> float:
@@ -114,13 +132,15 @@ def admit(
     pods: Iterable[PodCapacity],
     *,
     load: BandLoad,
-    envoys: int,
     settings: FlowControlConfig,
     horizon_s: float = 0.5,
+    reserved: float = 0.0,
 ) -> PoolAdmission:
-    """The pool's admission from its ready `pods`, the Envoys' `load`, and how many
-    `envoys` share it (at least one is assumed). `horizon_s` is how long these limits stand
-    before the next ones arrive (what Standard may take meanwhile is kept from Sheddable)."""
+    """The pool's admission from its ready `pods` and the Envoys' `load`. `horizon_s` is
+    how long these limits stand before the next ones arrive (what Standard may take
+    meanwhile is kept from Sheddable; an Envoy's demand counts its arrivals over it).
+    `reserved` (0 to 1) is the part of each budget held back for Envoys this replica
+    cannot see (server replicas it has no word from)."""
     capacity = sum(pod_capacity(p, settings=settings) for p in pods)
     in_flight: dict[Band, int] = {band: max(0, load.in_flight.get(band, 0)) for band in BANDS}
     critical, standard, sheddable = (in_flight[b] for b in BANDS)
@@ -138,12 +158,21 @@ def admit(
         - standard_arrivals,
     }
     ahead = {"critical": 0, "standard": critical, "sheddable": critical + standard}
-    sharing = max(1, envoys)
+    budget: dict[Band, int] = {"critical": UNLIMITED}
     max_requests: dict[Band, int] = {"critical": UNLIMITED}
+    by_envoy: dict[str, dict[Band, int]] = {node: {"critical": UNLIMITED} for node in load.by_envoy}
     retry_after: dict[Band, int] = {}
     for band in BANDS:
         if band != "critical":
-            max_requests[band] = math.ceil(max(0.0, budgets[band]) / sharing)
+            budget[band] = math.ceil(max(0.0, budgets[band]))
+            seen = math.floor(budget[band] * (1 - min(1.0, max(0.0, reserved))))
+            max_requests[band] = min(settings.envoy_floor, seen)
+            demands = {
+                node: bands.get(band, EnvoyDemand()) for node, bands in load.by_envoy.items()
+            }
+            limits = split_budget(seen, demands, floor=settings.envoy_floor, horizon_s=horizon_s)
+            for node, limit in limits.items():
+                by_envoy[node][band] = limit
         # Requests that must finish before this band has a place: those ahead of it and of
         # its own beyond capacity, and one more for the refused request itself.
         waiting_for = max(0, ahead[band] + in_flight[band] - capacity) + 1
@@ -156,7 +185,10 @@ def admit(
         retry_after[band] = _ladder(seconds, settings=settings)
     return PoolAdmission(
         capacity=capacity,
+        budget=budget,
         max_requests=max_requests,
+        by_envoy=by_envoy,
+        demand=load.by_envoy,
         retry_after_s=retry_after,
         in_flight=in_flight,
     )

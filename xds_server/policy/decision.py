@@ -11,9 +11,9 @@ and its next value comes out, so nothing here is kept between calls: the control
 the memory and hands it back.
 
 The Decision speaks the policy's language, not Envoy's: endpoint states per pool (weights,
-health, adapters) and, with flow control, each pool's admission (per band: the limit each
-Envoy enforces, and the Retry-After). Turning it into clusters, runtime keys and routes is
-the job of `xds_server.envoy`.
+health, adapters) and, with flow control, each pool's admission (per band: its fleet-wide
+budget, the limit each Envoy enforces, and the Retry-After). Turning it into clusters,
+runtime keys and routes is the job of `xds_server.envoy`.
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ class PoolLoad:
 
 @dataclass(frozen=True, kw_only=True)
 class FleetLoad:
-    """The load of every pool, and how many Envoys share the limits (at least 1)."""
+    """The load of every pool over the fleet's Envoys, and the part of each budget held
+    back for Envoys not seen (those of server replicas this one has no word from)."""
 
     pools: Mapping[str, PoolLoad] = field(default_factory=dict)
-    envoys: int = 1
+    reserved: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +134,7 @@ def decide(inputs: DecisionInputs, memory: PolicyMemory) -> tuple[Decision, Poli
             admissions[pool.name] = admit(
                 _capacity_inputs(pool, pools.get(pool.name), signals or {}),
                 load=pool_load.bands if pool_load is not None else BandLoad(in_flight={}),
-                envoys=load.envoys,
+                reserved=load.reserved,
                 settings=config.flow_control,
                 # Limits stand about one interval, and reach Envoy within another.
                 horizon_s=2 * config.balancing.scrape_interval_s,

@@ -145,12 +145,25 @@ class PrefillingPrompts:
     def prefilling(self, cluster: str) -> dict[str, int]:
         """Streams of `cluster` still prefilling, per endpoint (those not heard of for
         `stale_s` are dropped)."""
+        self._drop_stale(cluster)
+        return {endpoint: len(streams) for endpoint, streams in self._open.get(cluster, {}).items()}
+
+    def prefilling_by_node(self, cluster: str) -> dict[str, dict[str, int]]:
+        """Streams of `cluster` still prefilling, per Envoy (node id) and endpoint."""
+        self._drop_stale(cluster)
+        counts: dict[str, dict[str, int]] = {}
+        for endpoint, streams in self._open.get(cluster, {}).items():
+            for stream in streams:
+                node = counts.setdefault(self._nodes.get(stream.log_stream, ""), {})
+                node[endpoint] = node.get(endpoint, 0) + 1
+        return counts
+
+    def _drop_stale(self, cluster: str) -> None:
         since = self._clock() - self._stale_s
         for streams in self._open.get(cluster, {}).values():
             for stream in [s for s, at in streams.items() if at < since]:
                 del streams[stream]
         self._prune(cluster)
-        return {endpoint: len(streams) for endpoint, streams in self._open.get(cluster, {}).items()}
 
     def _prune(self, cluster: str) -> None:
         """Forget the endpoints (and the cluster) left without open streams: pods come and

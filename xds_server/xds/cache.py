@@ -4,18 +4,23 @@ In the spirit of go-control-plane's SnapshotCache: the cache decides *what* to s
 streams (sotw.py, delta.py) decide *when*, following the protocol. Envoys are grouped by a
 NodeHash (default: their `node.cluster`); a group without its own snapshot gets the default
 group's, so a single-tenant deployment sets one snapshot and is done.
+
+A group's snapshot may come with snapshots for single Envoys of the group (by node id),
+which differ from it only where an Envoy needs its own values (its admission limits,
+RTDS); they share every other serialized resource with the group's.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from envoy.config.core.v3 import base_pb2
 
+from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
 __all__ = ["CacheEntry", "DEFAULT_GROUP", "NodeHash", "SnapshotCache", "by_node_cluster"]
@@ -47,58 +52,115 @@ class CacheEntry:
 
 
 class SnapshotCache:
-    """One snapshot per node group, and a watch list per group.
+    """One snapshot per node group (and per Envoy where it needs its own), and a watch list
+    per Envoy.
 
-    Mutable state: `_entries` (group -> CacheEntry) and `_watchers` (group -> callbacks).
-    Everything runs on one event loop; callbacks must not block (they enqueue).
+    Mutable state: `_entries` (group -> CacheEntry), `_node_entries` (group -> node id ->
+    CacheEntry) and `_watchers` ((group, node id) -> callbacks). Everything runs on one
+    event loop; callbacks must not block (they enqueue).
     """
 
     def __init__(self, *, node_hash: NodeHash = by_node_cluster) -> None:
         self._node_hash = node_hash
         self._entries: dict[str, CacheEntry] = {}
-        self._watchers: dict[str, set[Callable[[], None]]] = {}
+        self._node_entries: dict[str, dict[str, CacheEntry]] = {}
+        self._watchers: dict[tuple[str, str], set[Callable[[], None]]] = {}
 
     def group_of(self, node: base_pb2.Node) -> str:
         return self._node_hash(node)
 
-    def set_snapshot(self, snapshot: Snapshot, *, group: str = DEFAULT_GROUP) -> bool:
-        """Store `snapshot` for `group` and wake the streams it concerns.
+    def set_snapshot(
+        self,
+        snapshot: Snapshot,
+        *,
+        group: str = DEFAULT_GROUP,
+        nodes: Mapping[str, Snapshot] | None = None,
+    ) -> bool:
+        """Store `snapshot` for `group`, and `nodes` (node id -> snapshot) for those Envoys
+        of it that get their own (replacing the group's earlier ones); wake every stream
+        whose content changed.
 
-        Returns False (and wakes nobody) when the group already has identical content.
+        Returns False (and wakes nobody) when nothing changed.
         Raises InconsistentSnapshotError for a snapshot with dangling references.
         """
-        snapshot.check_consistency()
-        current = self._entries.get(group)
-        if current is not None and current.snapshot.versions == snapshot.versions:
+        nodes = nodes or {}
+        for each in (snapshot, *nodes.values()):
+            each.check_consistency()
+        before = {key: self._versions(*key) for key in self._watchers}
+        now = time.monotonic()
+        changed = self._store(self._entries, group, snapshot, now)
+        kept = self._node_entries.get(group, {})
+        fresh: dict[str, CacheEntry] = {}
+        for node_id, node_snapshot in nodes.items():
+            changed |= self._store(kept, node_id, node_snapshot, now)
+            fresh[node_id] = kept[node_id]
+        changed |= kept.keys() != fresh.keys()
+        self._node_entries[group] = fresh
+        if not changed:
             return False
-        self._entries[group] = CacheEntry(snapshot=snapshot, born=time.monotonic())
-        logger.debug("Snapshot for group %r set: %s", group, dict(snapshot.versions))
-        for watched_group, callbacks in self._watchers.items():
-            if watched_group == group or (
-                group == DEFAULT_GROUP and watched_group not in self._entries
-            ):
-                for callback in list(callbacks):
+        logger.debug(
+            "Snapshot for group %r set: %s (and %d Envoys' own).",
+            group,
+            dict(snapshot.versions),
+            len(nodes),
+        )
+        for key, versions in before.items():
+            if self._versions(*key) != versions:
+                for callback in list(self._watchers.get(key, ())):
                     callback()
         return True
 
-    def entry_for(self, group: str) -> CacheEntry | None:
-        """The snapshot `group` receives, or None while there is none yet."""
-        return self._entries.get(group) or self._entries.get(DEFAULT_GROUP)
+    @staticmethod
+    def _store(entries: dict[str, CacheEntry], key: str, snapshot: Snapshot, now: float) -> bool:
+        """Put `snapshot` at `key` unless it holds the same content (its birth is kept)."""
+        current = entries.get(key)
+        if current is not None and current.snapshot.versions == snapshot.versions:
+            return False
+        entries[key] = CacheEntry(snapshot=snapshot, born=now)
+        return True
 
-    def watch(self, group: str, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call `callback` whenever `group`'s snapshot changes; returns the cancel function."""
-        self._watchers.setdefault(group, set()).add(callback)
+    def entry_for(self, group: str, node_id: str = "") -> CacheEntry | None:
+        """The snapshot Envoy `node_id` of `group` receives, or None while there is none:
+        its own, else its group's, else the default group's (and its own there)."""
+        serving = group if group in self._entries else DEFAULT_GROUP
+        own = self._node_entries.get(serving, {}).get(node_id)
+        return own or self._entries.get(serving)
+
+    def _versions(self, group: str, node_id: str) -> Mapping[ResourceType, str] | None:
+        entry = self.entry_for(group, node_id)
+        return None if entry is None else entry.snapshot.versions
+
+    def watch(
+        self, group: str, callback: Callable[[], None], node_id: str = ""
+    ) -> Callable[[], None]:
+        """Call `callback` whenever what Envoy `node_id` of `group` receives changes;
+        returns the cancel function."""
+        key = (group, node_id)
+        self._watchers.setdefault(key, set()).add(callback)
 
         def cancel() -> None:
-            callbacks = self._watchers.get(group)
+            callbacks = self._watchers.get(key)
             if callbacks is not None:
                 callbacks.discard(callback)
                 if not callbacks:
-                    del self._watchers[group]
+                    del self._watchers[key]
 
         return cancel
 
     def to_json(self) -> dict[str, object]:
+        """For /debug/snapshot: each group's snapshot, and the versions of the Envoys that
+        have their own (by group and node id)."""
         return {
-            group or "(default)": entry.snapshot.to_json() for group, entry in self._entries.items()
+            "groups": {
+                group or "(default)": entry.snapshot.to_json()
+                for group, entry in self._entries.items()
+            },
+            "envoys": {
+                group or "(default)": {
+                    node_id: {t.short: v for t, v in own.snapshot.versions.items()}
+                    for node_id, own in sorted(nodes.items())
+                }
+                for group, nodes in self._node_entries.items()
+                if nodes
+            },
         }

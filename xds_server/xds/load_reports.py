@@ -48,12 +48,15 @@ class Rates:
     successful_per_s: float = 0.0
     issued_per_s: float = 0.0
     errors_per_s: float = 0.0
+    # Requests the cluster refused (circuit-breaker overflow) per second.
+    dropped_per_s: float = 0.0
 
     def __add__(self, other: Rates) -> Rates:
         return Rates(
             successful_per_s=self.successful_per_s + other.successful_per_s,
             issued_per_s=self.issued_per_s + other.issued_per_s,
             errors_per_s=self.errors_per_s + other.errors_per_s,
+            dropped_per_s=self.dropped_per_s + other.dropped_per_s,
         )
 
 
@@ -92,6 +95,7 @@ class ClusterLoad:
                 successful_per_s=rate(sum(s.total_successful_requests for s in localities)),
                 issued_per_s=rate(sum(s.total_issued_requests for s in localities)),
                 errors_per_s=rate(sum(s.total_error_requests for s in localities)),
+                dropped_per_s=rate(stats.total_dropped_requests),
             ),
             interval_s=interval,
             reported_at=now,

@@ -71,14 +71,20 @@ class _RecordingObserver:
     """The StreamObserver of one stream: updates its record, the metrics and the log."""
 
     def __init__(
-        self, record: StreamRecord, telemetry: Telemetry, on_ack: Callable[[], None]
+        self,
+        record: StreamRecord,
+        telemetry: Telemetry,
+        on_ack: Callable[[], None],
+        on_node: Callable[[str], None],
     ) -> None:
         self._record = record
         self._telemetry = telemetry
         self._notify_ack = on_ack
+        self._notify_node = on_node
 
     def on_node(self, node: base_pb2.Node) -> None:
         self._record.node_id, self._record.node_cluster = node.id, node.cluster
+        self._notify_node(node.id)
 
     def on_sent(self, response: Response) -> None:
         t = response.type.short
@@ -159,6 +165,16 @@ class NodeRegistry:
         self._streams: dict[int, StreamRecord] = {}
         self._ids = itertools.count(1)
         self._ack_waiters: set[asyncio.Future[None]] = set()
+        self._on_node: Callable[[str], None] | None = None
+
+    def subscribe(self, on_node: Callable[[str], None]) -> None:
+        """Call `on_node` with the node id of every ADS stream as it identifies itself (one
+        listener: the controller, which gives a new Envoy its own limits at once)."""
+        self._on_node = on_node
+
+    def _identified(self, node_id: str) -> None:
+        if self._on_node is not None:
+            self._on_node(node_id)
 
     def _acked(self) -> None:
         for waiter in self._ack_waiters:
@@ -182,7 +198,7 @@ class NodeRegistry:
         )
         self._streams[record.stream_id] = record
         self._telemetry.connected_streams.labels(protocol).inc()
-        return record, _RecordingObserver(record, self._telemetry, self._acked)
+        return record, _RecordingObserver(record, self._telemetry, self._acked, self._identified)
 
     def close(self, record: StreamRecord) -> None:
         if self._streams.pop(record.stream_id, None) is not None:

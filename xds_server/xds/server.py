@@ -143,7 +143,7 @@ class _Session:
         """The responses `event` makes due, in send order."""
         if event is _Wake.SNAPSHOT:
             self._wake_queued = False
-            entry = self._cache.entry_for(self.record.group)
+            entry = self._cache.entry_for(self.record.group, self.record.node_id)
             return (
                 [] if entry is None else self.stream.set_snapshot(entry.snapshot, born=entry.born)
             )
@@ -162,8 +162,8 @@ class _Session:
             "Node %r (cluster %r) identified on ADS %s stream %d; serving group %r.",
             record.node_id, record.node_cluster, record.protocol, record.stream_id, record.group,
         )  # fmt: skip
-        self._cancel_watch = self._cache.watch(record.group, self._wake)
-        entry = self._cache.entry_for(record.group)
+        self._cancel_watch = self._cache.watch(record.group, self._wake, record.node_id)
+        entry = self._cache.entry_for(record.group, record.node_id)
         if entry is not None:
             self.stream.set_snapshot(entry.snapshot, born=entry.born)
 

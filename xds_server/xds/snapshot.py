@@ -116,10 +116,18 @@ class Snapshot:
         return cls.from_resources({t: _serialize(t, resources.get(t, ())) for t in ResourceType})
 
     @classmethod
-    def from_resources(cls, by_type: Mapping[ResourceType, Mapping[str, Resource]]) -> Snapshot:
-        """A snapshot of already-serialized resources (reused from an earlier snapshot)."""
+    def from_resources(
+        cls,
+        by_type: Mapping[ResourceType, Mapping[str, Resource]],
+        *,
+        versions_of: Mapping[ResourceType, str] | None = None,
+    ) -> Snapshot:
+        """A snapshot of already-serialized resources (reused from an earlier snapshot);
+        `versions_of` gives the versions of types already known (the same resources)."""
+        known = versions_of or {}
         versions = {
-            t: content_hash(*(f"{n}={r.version}".encode() for n, r in sorted(by_type[t].items())))
+            t: known.get(t)
+            or content_hash(*(f"{n}={r.version}".encode() for n, r in sorted(by_type[t].items())))
             for t in ResourceType
         }
         snapshot = cls(
@@ -131,7 +139,8 @@ class Snapshot:
     def replace(self, resource_type: ResourceType, resources: Iterable[Message]) -> Snapshot:
         """This snapshot with every resource of `resource_type` replaced; others are reused."""
         return Snapshot.from_resources(
-            {**self.resources, resource_type: _serialize(resource_type, resources)}
+            {**self.resources, resource_type: _serialize(resource_type, resources)},
+            versions_of={t: v for t, v in self.versions.items() if t is not resource_type},
         )
 
     def check_consistency(self) -> None:

@@ -1,0 +1,213 @@
+"""This replica's links to its peers: the latest report of each, kept for the policy.
+
+One task per peer watches its `Peering/Watch` stream (service.py) and keeps the latest
+report. The stream ending, failing, or bringing a report that does not parse marks the
+peer down, is logged and counted, and the link retries along `backoff_s`.
+
+What a peer that went quiet still counts for (the safe side, DESIGN notes in the README):
+its last report stays, so its Envoys keep the load they last had in every replica's split
+until they show up somewhere else (an Envoy whose replica died reconnects to a survivor,
+whose own view of it then wins); a peer never heard from holds back an equal part of
+every budget for the Envoys it may have (`reserved`). A peer removed from the set (its pod
+is gone) is forgotten at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pydantic
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from xds_server.clock import Clock, loop_clock
+from xds_server.peering.reports import MAX_REPORT_BYTES, ReplicaReport
+from xds_server.peering.service import WATCH_METHOD
+
+__all__ = ["PeerLinks", "PeerState"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PeerState:
+    """What this replica knows of one peer (mutable; updated by its link)."""
+
+    address: str
+    report: ReplicaReport | None = None
+    # Clock time the latest report arrived.
+    received_at: float | None = None
+    connected: bool = False
+    failures: int = 0
+    last_error: str | None = None
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class PeerLinks:
+    """Links to every peer in the set `set_peers` was last given.
+
+    Mutable state: `_peers` (address -> PeerState) and `_tasks` (address -> its link
+    task). Runs on the event loop. `on_change` is called whenever a peer's report arrives,
+    or a peer is added, lost or removed.
+    """
+
+    def __init__(
+        self,
+        *,
+        replica: str,
+        registry: CollectorRegistry,
+        on_change: Callable[[], None] | None = None,
+        clock: Clock = loop_clock,
+        quiet_s: float = 1.0,
+        backoff_s: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0),
+    ) -> None:
+        self._replica = replica
+        self._on_change = on_change
+        self._clock = clock
+        self._quiet_s = quiet_s
+        self._backoff_s = backoff_s
+        self._peers: dict[str, PeerState] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._up = Gauge(
+            "xds_peer_up",
+            "1 while the peer's load stream is open and heard from within a second.",
+            ["peer"],
+            registry=registry,
+        )
+        self._reports = Counter(
+            "xds_peer_reports", "Load reports received from peer replicas.", registry=registry
+        )
+        self._errors = Counter(
+            "xds_peer_errors",
+            "Peer links that failed, by reason (unreachable, invalid report).",
+            ["reason"],
+            registry=registry,
+        )
+
+    def subscribe(self, on_change: Callable[[], None]) -> None:
+        """Call `on_change` when what the peers report changes (one listener: the
+        controller, built after this)."""
+        self._on_change = on_change
+
+    # -- the peer set ----------------------------------------------------------------------
+
+    def set_peers(self, addresses: Iterable[str]) -> None:
+        """Link to exactly `addresses` ("host:port"): new ones are watched, those left out
+        are forgotten with their reports."""
+        wanted = set(addresses)
+        for address in sorted(self._peers.keys() - wanted):
+            logger.info("Peer %s left the peer set; its Envoys' load is forgotten.", address)
+            self._tasks.pop(address).cancel()
+            del self._peers[address]
+            self._up.remove(address)
+        for address in sorted(wanted - self._peers.keys()):
+            logger.info("Peer %s joined the peer set.", address)
+            state = PeerState(address=address)
+            self._peers[address] = state
+            self._up.labels(address).set_function(functools.partial(self._is_up, state))
+            self._tasks[address] = asyncio.create_task(self._link(state), name=f"peer {address}")
+        self._changed()
+
+    async def close(self) -> None:
+        """Stop every link."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    # -- what the policy reads -------------------------------------------------------------
+
+    def reports(self) -> list[tuple[ReplicaReport, float]]:
+        """Every peer's latest report with the clock time it arrived, newest first."""
+        known = [
+            (p.report, p.received_at)
+            for p in self._peers.values()
+            if p.report is not None and p.received_at is not None
+        ]
+        return sorted(known, key=lambda pair: (-pair[1], pair[0].replica))
+
+    def reserved(self) -> float:
+        """The part of every budget held back for peers never heard from: each of them
+        might have as many Envoys as this replica and every other (1 / replicas each)."""
+        unseen = sum(1 for p in self._peers.values() if p.report is None)
+        return unseen / (len(self._peers) + 1)
+
+    def _is_up(self, state: PeerState) -> int:
+        received = state.received_at
+        quiet = received is None or self._clock() - received > self._quiet_s
+        return int(state.connected and not quiet)
+
+    def to_json(self) -> list[dict[str, object]]:
+        """For /debug/nodes: each peer, whether it is up, and the Envoys it reports."""
+        now = self._clock()
+        return [
+            {
+                "address": p.address,
+                "replica": p.report.replica if p.report is not None else None,
+                "up": bool(self._is_up(p)),
+                "age_s": round(now - p.received_at, 3) if p.received_at is not None else None,
+                "failures": p.failures,
+                "last_error": p.last_error,
+                "envoys": sorted(e.node_id for e in p.report.envoys) if p.report else [],
+            }
+            for p in sorted(self._peers.values(), key=lambda p: p.address)
+        ]
+
+    # -- one link --------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+    async def _link(self, state: PeerState) -> None:
+        """Watch `state.address` until cancelled, reconnecting along `backoff_s`."""
+        options = [("grpc.max_receive_message_length", MAX_REPORT_BYTES)]
+        while True:
+            async with grpc.aio.insecure_channel(state.address, options=options) as channel:
+                watch = channel.unary_stream(
+                    WATCH_METHOD, request_serializer=_identity, response_deserializer=_identity
+                )
+                reason = await self._follow(state, watch(self._replica.encode()))
+            state.connected = False
+            state.failures += 1
+            self._errors.labels(reason).inc()
+            if state.failures == 1:
+                logger.warning(
+                    "Peer %s: %s. Its Envoys keep the load it last reported; retrying.",
+                    state.address,
+                    state.last_error,
+                )
+            self._changed()
+            rung = self._backoff_s[min(state.failures, len(self._backoff_s)) - 1]
+            await asyncio.sleep(rung)
+
+    async def _follow(self, state: PeerState, call: Any) -> str:
+        """Keep `state` up to date from one open `call`; returns why it ended."""
+        try:
+            async for body in call:
+                report = ReplicaReport.model_validate_json(body)
+                if not state.connected:
+                    logger.info("Peer %s (replica %r) linked.", state.address, report.replica)
+                state.connected = True
+                state.failures = 0
+                state.report, state.received_at = report, self._clock()
+                self._reports.inc()
+                self._changed()
+            state.last_error = "the load stream ended"
+            return "ended"
+        except pydantic.ValidationError as exc:
+            call.cancel()
+            state.last_error = f"a report that is not valid ({exc.error_count()} errors)"
+            return "invalid_report"
+        except grpc.aio.AioRpcError as exc:
+            state.last_error = f"{exc.code().name}: {exc.details()}"
+            return "unreachable"

@@ -1,0 +1,66 @@
+"""What one server replica tells the others of its Envoys' load (pure: no I/O).
+
+A replica's report lists every Envoy connected to it: per cluster the flow-control and
+long-prompt lanes need (the routing config names them), the latest load report's
+requests in flight (in total and per endpoint) and rates, and, for an Envoy that logs its
+long prompts (ALS), those still prefilling per endpoint. An Envoy connected over ADS whose
+load reports have not arrived yet is listed too, without them.
+
+Reports cross the network as JSON and are distrusted like any input: sizes and counts are
+bounded, numbers must be finite and non-negative, and unknown fields are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ClusterReport", "EnvoyReport", "MAX_REPORT_BYTES", "ReplicaReport"]
+
+# A report larger than this is refused (thousands of Envoys and clusters fit well within).
+MAX_REPORT_BYTES = 8 * 1024 * 1024
+
+_Name = Annotated[str, Field(min_length=1, max_length=512)]
+_Count = Annotated[int, Field(ge=0, le=10_000_000)]
+_Rate = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClusterReport(_Strict):
+    """One cluster in one Envoy's latest load report."""
+
+    in_progress: _Count = 0
+    # Requests in flight per endpoint ("address:port"), for the long-prompt lanes.
+    by_endpoint: Annotated[dict[_Name, _Count], Field(max_length=10_000)] = {}
+    issued_per_s: _Rate = 0.0
+    successful_per_s: _Rate = 0.0
+    # Requests refused by the cluster's circuit breaker (429), per second.
+    dropped_per_s: _Rate = 0.0
+
+
+class EnvoyReport(_Strict):
+    """One Envoy's load, as the replica it is connected to knows it."""
+
+    node_id: _Name
+    # Its load reports (LRS) arrive at this replica; False for an Envoy connected over ADS
+    # only so far (a reconnect: its load reports follow within seconds).
+    reports_load: bool = False
+    # Per cluster name (those of the routing config's lanes) from its latest load report.
+    clusters: Annotated[dict[_Name, ClusterReport], Field(max_length=10_000)] = {}
+    # Long prompts still prefilling, per cluster and endpoint, for an Envoy that logs them
+    # (ALS); None for one that does not (its lanes' requests in flight count instead).
+    prefilling: Annotated[
+        dict[_Name, Annotated[dict[_Name, _Count], Field(max_length=10_000)]] | None,
+        Field(max_length=10_000),
+    ] = None
+
+
+class ReplicaReport(_Strict):
+    """Everything one replica knows of its own Envoys."""
+
+    replica: _Name
+    envoys: Annotated[tuple[EnvoyReport, ...], Field(max_length=10_000)] = ()

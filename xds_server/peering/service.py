@@ -1,0 +1,79 @@
+"""The gRPC service a replica's peers watch: its own Envoys' load, streamed.
+
+`xds_server.peering.v1.Peering/Watch` is a server-streaming call on the xDS port (so the
+same listener, and later the same mTLS, serve it): the peer sends a hello naming itself,
+and this replica answers with its report (reports.py) as JSON, again whenever it changes
+(looked at every `interval_s`) and at least every `heartbeat_s`, so a peer can tell a
+quiet replica from a dead one. A report is built from the replica's Envoys only: what it
+hears from its own peers is never passed on, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+
+from xds_server.peering.reports import ReplicaReport
+
+__all__ = ["PEERING_SERVICE", "PeeringServer", "WATCH_METHOD"]
+
+logger = logging.getLogger(__name__)
+
+PEERING_SERVICE = "xds_server.peering.v1.Peering"
+WATCH_METHOD = f"/{PEERING_SERVICE}/Watch"
+# The hello a peer sends names it; anything longer is not a hello.
+_MAX_HELLO_BYTES = 1024
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class PeeringServer:
+    """Streams `report()` (this replica's own Envoys) to every peer that watches it."""
+
+    def __init__(
+        self,
+        *,
+        report: Callable[[], ReplicaReport],
+        interval_s: float = 0.05,
+        heartbeat_s: float = 0.25,
+    ) -> None:
+        self._report = report
+        self._interval_s = interval_s
+        self._heartbeat_s = heartbeat_s
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            PEERING_SERVICE,
+            {
+                "Watch": grpc.unary_stream_rpc_method_handler(
+                    self._watch, request_deserializer=_identity, response_serializer=_identity
+                )
+            },
+        )
+
+    # grpc.aio recognises streaming handlers by inspect.isasyncgenfunction: this must yield.
+    async def _watch(
+        self, hello: bytes, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        if len(hello) > _MAX_HELLO_BYTES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the hello is too long")
+        peer = hello.decode("utf-8", errors="replace") or context.peer()
+        logger.info("Peer %r watches this replica's load (from %s).", peer, context.peer())
+        loop = asyncio.get_running_loop()
+        last = b""
+        sent_at = float("-inf")
+        try:
+            while True:
+                body = self._report().model_dump_json().encode()
+                if body != last or loop.time() - sent_at >= self._heartbeat_s:
+                    yield body
+                    last, sent_at = body, loop.time()
+                await asyncio.sleep(self._interval_s)
+        finally:
+            logger.info("Peer %r stopped watching this replica's load.", peer)

@@ -1,0 +1,91 @@
+"""Each Envoy's part of a band's budget, following its demand (pure: no I/O).
+
+A band's budget B (admission.py) bounds the requests of the band in flight over every
+Envoy of the fleet, and each Envoy's circuit breaker enforces its own part. Splitting B
+evenly (B / N) refuses requests at an Envoy whose clients are busy while another sits on
+places it does not use; so each Envoy's *target* follows its recent demand (its requests in
+flight, plus what it sent or refused over the horizon), after a floor every Envoy keeps so
+that one whose traffic starts can start at once.
+
+Targets alone would over-admit: an admitted request cannot be taken back, so an Envoy
+whose target shrinks below what it holds keeps holding it until those requests finish,
+while the Envoy whose target grew admits at once. So the limit an Envoy gets is:
+
+- above its target (holds more than its part): its target, so it admits nothing until it
+  drains below it;
+- below its target: what it holds, plus its part of the free places (B minus everything
+  held) in proportion to how far below its target it is.
+
+Over the Envoys, what they may hold then sums to B, plus the floor of an Envoy the pool is
+too full for (at most one request each with the default floor of 1). Every split is by
+largest remainder with ties broken by node id: the same inputs give the same limits on
+every server replica.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["EnvoyDemand", "apportion", "split_budget"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvoyDemand:
+    """One Envoy's recent use of one band (its load reports)."""
+
+    # Requests of the band in flight at this Envoy.
+    in_flight: int = 0
+    # Requests of the band it sent upstream or refused (overflow), per second.
+    arrivals_per_s: float = 0.0
+
+
+def apportion(total: int, weights: Mapping[str, float]) -> dict[str, int]:
+    """`total` split into integers in proportion to `weights` (largest remainder; equal
+    parts when every weight is 0). The parts sum to `total`; ties go to the smaller key."""
+    if not weights:
+        return {}
+    total = max(0, total)
+    positive = {key: max(0.0, w) if math.isfinite(w) else 0.0 for key, w in weights.items()}
+    weight_sum = sum(positive.values())
+    if weight_sum <= 0:
+        positive = dict.fromkeys(weights, 1.0)
+        weight_sum = float(len(weights))
+    quotas = {key: total * w / weight_sum for key, w in positive.items()}
+    parts = {key: math.floor(q) for key, q in quotas.items()}
+    left = total - sum(parts.values())
+    by_remainder = sorted(quotas, key=lambda key: (parts[key] - quotas[key], key))
+    for key in by_remainder[:left]:
+        parts[key] += 1
+    return parts
+
+
+def split_budget(
+    budget: int,
+    envoys: Mapping[str, EnvoyDemand],
+    *,
+    floor: int,
+    horizon_s: float,
+) -> dict[str, int]:
+    """Each of `envoys`' limit (by node id) for a band whose fleet-wide budget is `budget`
+    (module docstring). `floor` places go to every Envoy first while the budget has that
+    many for each; `horizon_s` weighs arrivals against requests in flight."""
+    if not envoys:
+        return {}
+    budget = max(0, budget)
+    base = min(floor, budget // len(envoys))
+    demand = {
+        node: d.in_flight + max(0.0, d.arrivals_per_s) * horizon_s for node, d in envoys.items()
+    }
+    targets = {
+        node: base + part for node, part in apportion(budget - base * len(envoys), demand).items()
+    }
+    held = {node: max(0, d.in_flight) for node, d in envoys.items()}
+    free = budget - sum(held.values())
+    deficits = {node: targets[node] - held[node] for node in envoys if held[node] < targets[node]}
+    limits = {node: min(targets[node], held[node]) for node in envoys}
+    if free > 0 and deficits:
+        for node, extra in apportion(free, deficits).items():
+            limits[node] = held[node] + min(extra, deficits[node])
+    return {node: max(limit, base) for node, limit in limits.items()}
