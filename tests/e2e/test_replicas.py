@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import ConfigFile, eventually
 from xds_server.envoy import names, render_bootstrap
@@ -115,6 +116,17 @@ async def _fleet(server: ServerProcess) -> dict[str, Any]:
     return fleet
 
 
+async def _metric(server: ServerProcess, name: str, **labels: str) -> float | None:
+    """The value of sample `name` with `labels` on `server`'s /metrics."""
+    async with aiohttp.ClientSession() as http, http.get(f"{server.admin_url}/metrics") as page:
+        text = await page.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return None
+
+
 async def _agreed(server: ServerProcess) -> bool:
     """`server` counts the three Envoys, all with their load reports, and splits the
     Standard budget among them."""
@@ -171,6 +183,16 @@ async def test_two_replicas_three_envoys_admit_within_the_pool_limit_and_survive
             "envoy-3": "local",
         }
 
+        # Same inputs, same versions: both replicas give each Envoy the same snapshot,
+        # whichever replica it talks to (A builds Envoy 2's and 3's too).
+        snapshots = [await server.get_json("/debug/snapshot") for server in (a, b)]
+        assert snapshots[0] == snapshots[1]
+        assert set(snapshots[0]["envoys"]["(default)"]) == set(ENVOYS)
+        # Observable: B's peer, and the fleet it splits the budget over.
+        assert await _metric(b, "xds_peer_up", peer=a.xds_address) == 1
+        assert await _metric(b, "xds_fleet_envoys") == len(ENVOYS)
+        assert await _metric(b, "xds_band_budget", pool="pool", band="standard") == POOL_LIMIT
+
         traffic = Traffic(http)
         bound = POOL_LIMIT + len(ENVOYS)
         with_critical = 0
@@ -214,6 +236,7 @@ async def test_two_replicas_three_envoys_admit_within_the_pool_limit_and_survive
                     break
                 await asyncio.sleep(0.2)
             assert moved, f"Envoy 1 did not reconnect (ADS and LRS) to replica B: {fleet}"
+            assert await _metric(b, "xds_peer_up", peer=a.xds_address) == 0
 
         assert max(samples) <= bound, samples
         hold.set()

@@ -85,6 +85,11 @@ class PeerLinks:
         self._reports = Counter(
             "xds_peer_reports", "Load reports received from peer replicas.", registry=registry
         )
+        Gauge(
+            "xds_peer_reserved_ratio",
+            "The part of every budget held back for peers never heard from.",
+            registry=registry,
+        ).set_function(self.reserved)
         self._errors = Counter(
             "xds_peer_errors",
             "Peer links that failed, by reason (unreachable, invalid report).",

@@ -1,9 +1,10 @@
 """Flow-control Prometheus metrics, per pool and band, read at scrape time.
 
-Limits, Retry-After, capacity, saturation and requests in flight are what the policy last
-decided from (`Decision.admissions`); admitted and refused requests are what the Envoys
-reported over LRS, by pool and band. A collector, like pods.py, so that pools and bands
-that go away leave no stale series behind.
+Budgets, each Envoy's limits, Retry-After, capacity, saturation and requests in flight
+(over the fleet) are what the policy last decided from (`Decision.admissions`); admitted
+and refused requests are what this replica's Envoys reported over LRS, by pool and band.
+A collector, like pods.py, so that pools, bands and Envoys that go away leave no stale
+series behind.
 """
 
 from __future__ import annotations
@@ -57,8 +58,23 @@ class BandCollector(Collector):
         labels = ["pool", "band"]
         limit = GaugeMetricFamily(
             "xds_band_limit",
-            "Requests of the band each Envoy admits at once (circuit breaker max_requests).",
+            "Requests of the band an Envoy not yet named by a decision admits at once (the"
+            " floor; circuit breaker max_requests).",
             labels=labels,
+        )
+        budget = GaugeMetricFamily(
+            "xds_band_budget",
+            "Requests of the band the whole fleet of Envoys admits at once.",
+            labels=labels,
+        )
+        envoy_limit = GaugeMetricFamily(
+            "xds_envoy_band_limit",
+            "Requests of the band this Envoy admits at once: its part of the budget.",
+            labels=[*labels, "node"],
+        )
+        envoys = GaugeMetricFamily(
+            "xds_fleet_envoys",
+            "Envoys the budgets are split over: this replica's and its peers'.",
         )
         in_flight = GaugeMetricFamily(
             "xds_band_in_flight",
@@ -101,10 +117,25 @@ class BandCollector(Collector):
             saturation.add_metric([name], admission.saturation)
             for band in BANDS:
                 limit.add_metric([name, band], admission.max_requests[band])
+                budget.add_metric([name, band], admission.budget[band])
+                for node in sorted(admission.by_envoy):
+                    envoy_limit.add_metric([name, band, node], admission.by_envoy[node][band])
                 in_flight.add_metric([name, band], admission.in_flight[band])
                 retry_after.add_metric([name, band], admission.retry_after_s[band])
                 counted = totals.get((name, band))
                 if counted is not None:
                     admitted.add_metric([name, band], counted.admitted)
                     refused.add_metric([name, band], counted.refused)
-        yield from (limit, in_flight, retry_after, admitted, refused, capacity, saturation)
+        envoys.add_metric([], len({node for a in admissions.values() for node in a.by_envoy}))
+        yield from (
+            limit,
+            budget,
+            envoy_limit,
+            envoys,
+            in_flight,
+            retry_after,
+            admitted,
+            refused,
+            capacity,
+            saturation,
+        )

@@ -1,0 +1,145 @@
+"""Links to peer replicas over real gRPC on loopback: reports arrive, a bad one is refused
+and counted, a peer never heard from holds back its part of the budget, a dead peer's last
+report is kept, and a peer removed from the set is forgotten."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.e2e.conftest import eventually
+from xds_server.peering.links import PeerLinks
+from xds_server.peering.reports import ClusterReport, EnvoyReport, ReplicaReport
+from xds_server.peering.service import PEERING_SERVICE, PeeringServer
+from xds_testbed.server_process import free_port
+
+REPORT = ReplicaReport(
+    replica="b",
+    envoys=(
+        EnvoyReport(
+            node_id="envoy-2",
+            reports_load=True,
+            clusters={"pool/standard": ClusterReport(in_progress=3, issued_per_s=2.5)},
+        ),
+    ),
+)
+
+
+async def _serve(handler: grpc.GenericRpcHandler) -> tuple[grpc.aio.Server, str]:
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+def _garbage_handler() -> grpc.GenericRpcHandler:
+    async def watch(_: bytes, __: Any) -> AsyncIterator[bytes]:
+        negative = {"node_id": "e", "clusters": {"c": {"in_progress": -5}}}
+        yield json.dumps({"replica": "x", "envoys": [negative]}).encode()
+        await asyncio.sleep(3600)
+
+    return grpc.method_handlers_generic_handler(
+        PEERING_SERVICE,
+        {"Watch": grpc.unary_stream_rpc_method_handler(watch)},
+    )
+
+
+def _counter(registry: CollectorRegistry, reason: str) -> float:
+    return registry.get_sample_value("xds_peer_errors_total", {"reason": reason}) or 0.0
+
+
+@pytest.fixture
+async def links() -> AsyncIterator[tuple[PeerLinks, CollectorRegistry, list[int]]]:
+    registry = CollectorRegistry()
+    changes: list[int] = []
+    peers = PeerLinks(replica="a", registry=registry, on_change=lambda: changes.append(1))
+    try:
+        yield peers, registry, changes
+    finally:
+        await peers.close()
+
+
+async def test_a_peers_reports_arrive_and_outlive_the_peer(
+    links: tuple[PeerLinks, CollectorRegistry, list[int]],
+) -> None:
+    peers, registry, changes = links
+    server, address = await _serve(PeeringServer(report=lambda: REPORT).generic_handler())
+    try:
+        peers.set_peers([address])
+        # Never heard from yet: half of every budget (2 replicas) is held back for it.
+        assert peers.reserved() == 0.5
+        await eventually(lambda: peers.reports(), what="the peer's report")
+        [(report, _)] = peers.reports()
+        assert report == REPORT and peers.reserved() == 0
+        assert registry.get_sample_value("xds_peer_up", {"peer": address}) == 1
+        assert changes
+    finally:
+        await server.stop(None)
+    # The peer died: it is down, but its Envoys keep the load it last reported.
+    await eventually(
+        lambda: registry.get_sample_value("xds_peer_up", {"peer": address}) == 0,
+        what="the peer marked down",
+    )
+    assert [r for r, _ in peers.reports()] == [REPORT]
+    assert _counter(registry, "unreachable") + _counter(registry, "ended") >= 1
+    # Removed from the set (its pod is gone): forgotten, and nothing is held back.
+    peers.set_peers([])
+    assert peers.reports() == [] and peers.reserved() == 0
+    assert registry.get_sample_value("xds_peer_up", {"peer": address}) is None
+
+
+async def test_an_unreachable_peer_holds_back_its_part_and_is_counted(
+    links: tuple[PeerLinks, CollectorRegistry, list[int]],
+) -> None:
+    peers, registry, _ = links
+    nowhere = f"127.0.0.1:{free_port()}"
+    peers.set_peers([nowhere, f"127.0.0.1:{free_port()}"])
+    await eventually(lambda: _counter(registry, "unreachable") >= 2, what="both links failing")
+    # Three replicas, two never heard from: two thirds of every budget held back.
+    assert peers.reserved() == pytest.approx(2 / 3)
+    [first, _] = peers.to_json()
+    assert first["up"] is False and "UNAVAILABLE" in str(first["last_error"])
+
+
+async def test_a_report_that_is_not_valid_is_refused_and_counted(
+    links: tuple[PeerLinks, CollectorRegistry, list[int]],
+) -> None:
+    peers, registry, _ = links
+    server, address = await _serve(_garbage_handler())
+    try:
+        peers.set_peers([address])
+        await eventually(
+            lambda: _counter(registry, "invalid_report") >= 1, what="the bad report refused"
+        )
+        assert peers.reports() == [] and peers.reserved() == 0.5
+    finally:
+        await server.stop(None)
+
+
+async def test_the_service_sends_changes_and_heartbeats_only(
+    links: tuple[PeerLinks, CollectorRegistry, list[int]],
+) -> None:
+    peers, registry, _ = links
+    current = [REPORT]
+    report: Callable[[], ReplicaReport] = lambda: current[0]  # noqa: E731
+    server, address = await _serve(
+        PeeringServer(report=report, interval_s=0.01, heartbeat_s=0.5).generic_handler()
+    )
+    try:
+        peers.set_peers([address])
+        await eventually(lambda: peers.reports(), what="the first report")
+        received = registry.get_sample_value("xds_peer_reports_total") or 0
+        # Polled every 10 ms but unchanged: at most a heartbeat or two in 0.6 s.
+        await asyncio.sleep(0.6)
+        assert (registry.get_sample_value("xds_peer_reports_total") or 0) - received <= 2
+        current[0] = ReplicaReport(replica="b")
+        await eventually(lambda: peers.reports()[0][0].envoys == (), what="the changed report")
+    finally:
+        await server.stop(None)
