@@ -1,8 +1,15 @@
-"""The admin endpoint of a running server, over HTTP."""
+"""The admin and debug endpoints of a running server, over HTTP.
+
+The admin listener serves probes and metrics and nothing under /debug; the debug views
+are on their own listener, on loopback (xds_server/admin.py says why).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -10,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.xds.conftest import RawClient
+from xds_server.admin import AdminServer, default_debug_port, make_debug_app
 from xds_server.app import XdsApplication
 from xds_server.metrics.scraper import ScraperState
 from xds_server.settings import ServerSettings
@@ -21,28 +29,68 @@ updates: {debounce_s: 0.01}
 pools: [{name: pool, models: [m], endpoints: [{address: 127.0.0.1, port: 9}]}]
 """
 
+DEBUG_PATHS = ("/debug/nodes", "/debug/snapshot", "/debug/config")
+
+
+@contextlib.asynccontextmanager
+async def debug_listener(app: XdsApplication) -> AsyncIterator[AdminServer]:
+    """The debug views of `app`'s parts, on 127.0.0.1 and a free port, as the server runs
+    them by default (host 127.0.0.1, port `default_debug_port(0)`)."""
+    server = AdminServer(
+        make_debug_app(
+            registry=app.registry,
+            cache=app.cache,
+            controller=app.controller,
+            discovery=app.discovery,
+            load_reports=app.load_reports.to_json,
+        ),
+        host="127.0.0.1",
+        port=default_debug_port(0),
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def _non_loopback_address() -> str | None:
+    """This machine's address on its default route, if it has one (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))  # TEST-NET-2: only the route is looked up
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
 
 async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("pools: []")  # invalid: not ready, and it says why
     settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=0.05)
-    async with XdsApplication(settings) as app, aiohttp.ClientSession() as http:
-        base = f"http://127.0.0.1:{app.admin_port}"
+    async with (
+        XdsApplication(settings) as app,
+        debug_listener(app) as debug,
+        aiohttp.ClientSession() as http,
+    ):
+        admin = f"http://127.0.0.1:{app.admin_port}"
+        views = f"http://127.0.0.1:{debug.port}"
 
-        async def get(path: str) -> tuple[int, object]:
+        async def get(base: str, path: str) -> tuple[int, object]:
             async with http.get(base + path) as response:
                 return response.status, await response.json()
 
-        assert await get("/healthz") == (200, {"status": "ok"})
+        assert await get(admin, "/healthz") == (200, {"status": "ok"})
         await asyncio.sleep(0.2)
-        status, body = await get("/readyz")
+        status, body = await get(admin, "/readyz")
         assert status == 503 and "pools" in body["reason"]  # type: ignore[index]
-        status, body = await get("/debug/config")
+        status, body = await get(views, "/debug/config")
         assert body["config"] is None and "pools" in body["last_error"]  # type: ignore[index]
 
         path.write_text(CONFIG)
         await app.wait_ready(within_s=20)
-        assert (await get("/readyz"))[0] == 200
+        assert (await get(admin, "/readyz"))[0] == 200
 
         client = RawClient(f"127.0.0.1:{app.xds_port}", node_id="envoy-7")
         await client.send(ResourceType.CLUSTER.url)
@@ -52,17 +100,17 @@ async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
         )
         await app.registry.wait_for_ack("cds", cds.version_info)
 
-        status, body = await get("/debug/nodes")
+        status, body = await get(views, "/debug/nodes")
         [stream] = body["streams"]  # type: ignore[index]
         assert stream["node_id"] == "envoy-7" and stream["acked_versions"] == {
             "cds": cds.version_info
         }
-        status, body = await get("/debug/snapshot")
+        status, body = await get(views, "/debug/snapshot")
         groups = body["groups"]  # type: ignore[index]
         assert groups["(default)"]["cds"]["version"] == cds.version_info
         assert list(groups["(default)"]["cds"]["resources"]) == ["pool", "pool/long"]
 
-        async with http.get(base + "/metrics") as response:
+        async with http.get(admin + "/metrics") as response:
             assert response.status == 200
             text = await response.text()
         samples = {
@@ -85,6 +133,58 @@ async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
             )
         ]
         await client.close()
+
+
+async def test_the_admin_port_serves_no_debug_view(tmp_path: Path) -> None:
+    """The admin port is the one a Service and Prometheus reach: /debug is not there, in
+    any form, while the probes and metrics are."""
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    settings = ServerSettings(config_path=path, xds_port=0, admin_port=0)
+    async with XdsApplication(settings) as app, aiohttp.ClientSession() as http:
+        await app.wait_ready(within_s=20)
+        admin = f"http://127.0.0.1:{app.admin_port}"
+        for path_ in (*DEBUG_PATHS, "/debug", "/debug/", "/debug/nodes/"):
+            async with http.get(admin + path_) as response:
+                assert response.status == 404, path_
+                assert "envoy" not in (await response.text()).lower()
+        for path_ in ("/healthz", "/readyz", "/metrics"):
+            async with http.get(admin + path_) as response:
+                assert response.status == 200, path_
+
+
+async def test_the_debug_listener_is_on_loopback_only(tmp_path: Path) -> None:
+    """Bound to 127.0.0.1: it answers there, and on this machine's other address the port
+    is closed; it serves the debug views and nothing else."""
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG)
+    settings = ServerSettings(config_path=path, xds_port=0, admin_port=0)
+    async with (
+        XdsApplication(settings) as app,
+        debug_listener(app) as debug,
+        aiohttp.ClientSession() as http,
+    ):
+        await app.wait_ready(within_s=20)
+        assert debug.host == "127.0.0.1" and debug.port != 0
+        views = f"http://127.0.0.1:{debug.port}"
+        for path_ in DEBUG_PATHS:
+            async with http.get(views + path_) as response:
+                assert response.status == 200, path_
+        for path_ in ("/metrics", "/healthz", "/readyz"):
+            async with http.get(views + path_) as response:
+                assert response.status == 404, path_
+
+        outside = _non_loopback_address()
+        if outside is None:
+            pytest.skip("no non-loopback address to try the debug port from")
+        with pytest.raises(ConnectionRefusedError):
+            _, writer = await asyncio.open_connection(outside, debug.port)
+            writer.close()
+
+
+def test_the_default_debug_port_is_next_to_the_admin_port() -> None:
+    assert default_debug_port(9000) == 9001
+    assert default_debug_port(0) == 0  # tests: a free port, never a fixed one
 
 
 async def test_a_failed_start_closes_what_it_opened(tmp_path: Path) -> None:

@@ -1,8 +1,17 @@
-"""The admin HTTP endpoint: Prometheus metrics, probes, and JSON views for humans.
+"""The server's HTTP endpoints, on two listeners that are exposed differently.
+
+The admin listener (`make_admin_app`; `--admin-address`, `--admin-port`, 9000) is for
+machines: the kubelet's probes and Prometheus. On Kubernetes it listens on 0.0.0.0 behind
+the Service, and a NetworkPolicy admits only the monitoring namespace (k8s/README.md).
 
 /metrics         the server's Prometheus metrics (telemetry.py)
 /healthz         200 while the process serves (liveness)
 /readyz          200 once a snapshot is in the cache, else 503 (readiness)
+
+The debug listener (`make_debug_app`; `--debug-address`, `--debug-port`) is for an
+operator. It listens on 127.0.0.1 unless told otherwise, on the admin port + 1 (9001) by
+default (`default_debug_port`; 0 picks a free port, as tests do).
+
 /debug/nodes     connected Envoys: node, versions sent and ACKed per type, last NACK, and
                  their latest load reports (LRS) per cluster; the fleet: this replica's
                  peers, every Envoy the policy counts (and where it was heard of), its
@@ -11,6 +20,13 @@
                  versions of each Envoy that has its own admission limits
 /debug/config    the routing config in force, the last config error, and on Kubernetes the
                  watches, objectives and objects that could not be used
+
+Why two listeners: the debug views show the whole routing config, every Envoy's node id
+and load, and the peers' addresses, to anyone who can connect, with no authentication.
+Prometheus needs none of it. On loopback they are reachable from inside the pod only,
+which is where `kubectl port-forward` connects (the same arrangement as Envoy's own admin
+interface on 127.0.0.1:9901), so seeing them takes the `pods/portforward` permission
+rather than a route to the pod. `--debug-address 0.0.0.0` opens them deliberately.
 """
 
 from __future__ import annotations
@@ -27,7 +43,13 @@ from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.nodes import NodeRegistry
 
-__all__ = ["AdminServer", "DebugSource", "make_admin_app"]
+__all__ = [
+    "AdminServer",
+    "DebugSource",
+    "default_debug_port",
+    "make_admin_app",
+    "make_debug_app",
+]
 
 
 def _json(payload: Any, *, status: int = 200) -> web.Response:
@@ -42,16 +64,31 @@ class DebugSource(Protocol):
     def debug(self) -> dict[str, Any]: ...
 
 
+def default_debug_port(admin_port: int) -> int:
+    """The debug listener's port when none is given: the admin port + 1 (9001 next to the
+    default 9000), and 0, a free port, when the admin port is 0 (tests)."""
+    return admin_port + 1 if admin_port else 0
+
+
 def make_admin_app(
     *,
     telemetry: Telemetry,
-    registry: NodeRegistry,
-    cache: SnapshotCache,
     controller: Controller,
+    registry: NodeRegistry | None = None,
+    cache: SnapshotCache | None = None,
     discovery: DebugSource | None = None,
     load_reports: Callable[[], Any] | None = None,
     fleet: Callable[[], Any] | None = None,
 ) -> web.Application:
+    """The admin listener's app: /metrics, /healthz and /readyz; nothing under /debug.
+
+    Deprecated: `registry`, `cache`, `discovery`, `load_reports` and `fleet` are accepted
+    and ignored, so that the current XdsApplication keeps starting; they belong to
+    `make_debug_app`. TODO(app.py owner): drop them once XdsApplication builds the debug
+    listener.
+    """
+    del registry, cache, discovery, load_reports, fleet
+
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(telemetry.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -66,6 +103,27 @@ def make_admin_app(
             {"status": "not ready", "reason": controller.last_error or "no snapshot yet"},
             status=503,
         )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def make_debug_app(
+    *,
+    registry: NodeRegistry,
+    cache: SnapshotCache,
+    controller: Controller,
+    discovery: DebugSource | None = None,
+    load_reports: Callable[[], Any] | None = None,
+    fleet: Callable[[], Any] | None = None,
+) -> web.Application:
+    """The debug listener's app: /debug/nodes, /debug/snapshot and /debug/config (see the
+    module docstring). `discovery` None shows `"kubernetes": null`; `load_reports` and
+    `fleet` None show `null` for the Envoys' load reports and for the fleet. Serve it on
+    loopback unless the operator asked otherwise."""
 
     async def nodes(_: web.Request) -> web.Response:
         return _json(
@@ -90,9 +148,6 @@ def make_admin_app(
         )
 
     app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
     app.router.add_get("/debug/nodes", nodes)
     app.router.add_get("/debug/snapshot", snapshot)
     app.router.add_get("/debug/config", config)
@@ -100,17 +155,25 @@ def make_admin_app(
 
 
 class AdminServer:
-    """Runs the admin app on `host:port` (port 0 picks a free one; see `.port`)."""
+    """Runs one of these apps on `host:port` (port 0 picks a free one). After `start()`,
+    `host` and `port` are the address actually bound; `stop()` closes it."""
 
     def __init__(self, app: web.Application, *, host: str, port: int) -> None:
         self._runner = web.AppRunner(app, access_log=None)
-        self._host, self._requested_port = host, port
+        self._requested = (host, port)
+        self.host = host
         self.port = 0
 
     async def start(self) -> None:
+        """Bind and serve; raises OSError when the address cannot be bound."""
         await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, self._requested_port).start()
-        self.port = int(self._runner.addresses[0][1])
+        try:
+            await web.TCPSite(self._runner, *self._requested).start()
+        except OSError:
+            await self._runner.cleanup()
+            raise
+        host, port = self._runner.addresses[0][:2]
+        self.host, self.port = str(host), int(port)
 
     async def stop(self) -> None:
         await self._runner.cleanup()
