@@ -6,13 +6,17 @@ send them, and every rendered object is validated against the Kubernetes OpenAPI
 Kubernetes the manifests promise and of the newest the library ships.
 
 Schemas cannot see what ties the objects together, so the rest of this module checks the
-properties that could drift without any tool noticing: the server's security settings and
-least-privilege RBAC, probes on the admin port, the arguments the server is started with
-(its peers' selector picking its own pods and no others), the routing ConfigMap parsing as
-a routing config, the example model server matching the pool it is meant for, the Envoy
-bootstrap pointing at the server's Service (and being what the renderer produces),
-Services and PodDisruptionBudgets selecting existing pods, the
-image tags following the Dockerfile and pyproject.toml, and rollouts that cut nothing:
+properties that could drift without any tool noticing: the server's security settings, its
+RBAC (exactly the verbs its code uses, ConfigMaps by name: checked against every request
+the server makes to an API server double when started with the Deployment's arguments),
+the NetworkPolicies (who may reach which port of which pods, read with Kubernetes'
+selector semantics), probes on the admin port and the debug views kept inside the pod,
+the arguments the server is started with (its peers' selector picking its own pods and no
+others), the routing ConfigMap parsing as a routing config, the example model server
+matching the pool it is meant for, the Envoy bootstrap pointing at the server's Service
+(and being what the renderer produces), Services and PodDisruptionBudgets selecting
+existing pods, the image tags following the Dockerfile and pyproject.toml, and rollouts
+that cut nothing:
 the server's rolling update keeps a ready replica, and Envoy's preStop hook (run here, with
 bash, against a real Envoy) drains it and waits for the stream in flight.
 
@@ -32,19 +36,21 @@ import subprocess
 import tomllib
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import kubernetes_validate
 import pytest
 import yaml
 
+from tests.sources.kubernetes.apiserver import ApiServerDouble, RecordedRequest
+from xds_server.admin import default_debug_port
 from xds_server.app import XdsApplication
 from xds_server.cli import _parser
 from xds_server.config import RoutingConfig, parse_config
 from xds_server.envoy import names
 from xds_server.envoy.bootstrap import render_bootstrap
-from xds_server.settings import ServerSettings
+from xds_server.settings import KubernetesSettings, ServerSettings, WatchSettings
 from xds_server.sources.kubernetes import inventory
 from xds_testbed.backends import ExampleBackend
 from xds_testbed.envoy_process import EnvoyProcess, find_envoy
@@ -169,9 +175,11 @@ def test_the_kustomization_renders_every_part(rendered: list[Doc]) -> None:
         ("Service", "envoy"),
         ("PodDisruptionBudget", "envoy"),
         ("Deployment", "vllm-llama"),
+        ("NetworkPolicy", "xds-server"),
+        ("NetworkPolicy", "vllm-llama"),
     } <= names, sorted(names)
     assert any(k == "ConfigMap" and n.startswith("envoy-bootstrap-") for k, n in names)
-    assert len(rendered) == 14, sorted(names)
+    assert len(rendered) == 16, sorted(names)
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -221,6 +229,8 @@ def test_everything_is_in_the_namespace_and_labelled_without_touching_selectors(
         assert "app.kubernetes.io/part-of" not in service["spec"]["selector"]
     for pdb in _all(rendered, "PodDisruptionBudget"):
         assert "app.kubernetes.io/part-of" not in pdb["spec"]["selector"]["matchLabels"]
+    for policy in _all(rendered, "NetworkPolicy"):
+        assert "app.kubernetes.io/part-of" not in policy["spec"]["podSelector"]["matchLabels"]
 
 
 # --- the server --------------------------------------------------------------------------
@@ -318,31 +328,49 @@ def test_the_server_finds_its_peers_among_its_own_pods(rendered: list[Doc]) -> N
     assert 18000 in [p["containerPort"] for p in container["ports"]]
 
 
-def test_rbac_allows_exactly_what_the_server_needs(rendered: list[Doc]) -> None:
-    allowed = {
-        ("", "pods", "get"), ("", "pods", "list"), ("", "pods", "watch"),
-        ("", "configmaps", "get"), ("", "configmaps", "list"), ("", "configmaps", "watch"),
-        ("", "events", "create"), ("", "events", "patch"),
-        ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
-        ("inference.networking.k8s.io", "inferencepools", "get"),
-        ("inference.networking.k8s.io", "inferencepools", "list"),
-        ("inference.networking.k8s.io", "inferencepools", "watch"),
-    }  # fmt: skip
-    for resource in ("inferenceobjectives", "inferencemodelrewrites"):
-        for verb in ("get", "list", "watch"):
-            allowed.add(("inference.networking.x-k8s.io", resource, verb))
+# Every (API group, resource, verb) the server's code uses, and so the most the Role grants:
+# list + watch through `ResourceWatcher` (sources/kubernetes/watch.py) and core/v1 Event
+# creation (sources/kubernetes/events.py). Nothing is read with `get`, patched or deleted.
+SERVER_API_USE = {
+    ("", "pods", "list"), ("", "pods", "watch"),
+    ("", "configmaps", "list"), ("", "configmaps", "watch"),
+    ("", "events", "create"),
+    ("inference.networking.k8s.io", "inferencepools", "list"),
+    ("inference.networking.k8s.io", "inferencepools", "watch"),
+    ("inference.networking.x-k8s.io", "inferenceobjectives", "list"),
+    ("inference.networking.x-k8s.io", "inferenceobjectives", "watch"),
+    ("inference.networking.x-k8s.io", "inferencemodelrewrites", "list"),
+    ("inference.networking.x-k8s.io", "inferencemodelrewrites", "watch"),
+}  # fmt: skip
 
+
+def _grants(role: Doc) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_rbac_allows_exactly_what_the_server_needs(rendered: list[Doc]) -> None:
     assert not _all(rendered, "ClusterRole") and not _all(rendered, "ClusterRoleBinding")
     role = _one(rendered, "Role")
-    granted = set()
     for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/URLs
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                for verb in rule["verbs"]:
-                    assert "*" not in (group, resource, verb), rule
-                    granted.add((group, resource, verb))
-    assert granted == allowed
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}, rule
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], rule
+    assert _grants(role) == SERVER_API_USE
+
+    # ConfigMaps only by name: the one the server is started with, and only it.
+    configmap = _routing_configmap(rendered)["metadata"]["name"]
+    for rule in role["rules"]:
+        if "configmaps" in rule["resources"]:
+            assert rule["resources"] == ["configmaps"], rule
+            assert rule.get("resourceNames") == [configmap], rule
+        else:
+            assert "resourceNames" not in rule, rule  # pods and CRDs are found by label
 
     binding = _one(rendered, "RoleBinding")
     assert binding["roleRef"] == {
@@ -355,6 +383,137 @@ def test_rbac_allows_exactly_what_the_server_needs(rendered: list[Doc]) -> None:
         {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
     ]
     _one(rendered, "ServiceAccount", service_account)
+
+
+class _ApiRequest(NamedTuple):
+    """A request as RBAC sees it (the apiserver's RequestInfo)."""
+
+    verb: str
+    group: str
+    resource: str
+    namespace: str | None
+    name: str | None
+
+
+_API_PATH = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)"
+    r"(?:/namespaces/(?P<namespace>[^/]+))?/(?P<resource>[^/]+)(?:/(?P<name>[^/]+))?$"
+)
+
+
+def _as_rbac_sees_it(request: RecordedRequest) -> _ApiRequest:
+    match = _API_PATH.match(request.path)
+    assert match is not None, f"not a resource request: {request.method} {request.path}"
+    name = match["name"]
+    if request.method == "GET":
+        verb = "get" if name else ("watch" if request.is_watch else "list")
+    else:
+        verbs = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+        verb = verbs.get(request.method) or ("delete" if name else "deletecollection")
+    if verb in ("list", "watch"):
+        # A list or watch names one object by the field selector metadata.name=NAME, and
+        # that is the name RBAC's resourceNames are matched against.
+        for term in request.query.get("fieldSelector", "").split(","):
+            key, _, value = term.partition("=")
+            if key.strip() == "metadata.name":
+                name = value.lstrip("=").strip()
+    return _ApiRequest(
+        verb, match["group"] or "", match["resource"], match["namespace"], name or None
+    )
+
+
+def _allows(role: Doc, request: _ApiRequest) -> bool:
+    """Whether a rule of `role` (bound in NAMESPACE) allows `request` (RBAC's matching)."""
+    if request.namespace != NAMESPACE:
+        return False
+    return any(
+        request.group in rule["apiGroups"]
+        and request.resource in rule["resources"]
+        and request.verb in rule["verbs"]
+        and ("resourceNames" not in rule or request.name in rule["resourceNames"])
+        for rule in role["rules"]
+    )
+
+
+def test_rbac_name_matching_is_as_the_apiserver_does_it(rendered: list[Doc]) -> None:
+    """The check below would pass anything if it misread requests: a ConfigMap list
+    without the field selector, or for another name, is refused, as by the apiserver."""
+    role = _one(rendered, "Role")
+    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps"
+
+    def allowed(query: dict[str, str], method: str = "GET", tail: str = "") -> bool:
+        return _allows(role, _as_rbac_sees_it(RecordedRequest(method, path + tail, query)))
+
+    assert allowed({"fieldSelector": "metadata.name=xds-server-config"})
+    assert allowed({"fieldSelector": "metadata.name=xds-server-config", "watch": "true"})
+    assert not allowed({})
+    assert not allowed({"watch": "true"})
+    assert not allowed({"fieldSelector": "metadata.name=other"})
+    assert not allowed({}, tail="/xds-server-config")  # a get: not used, not granted
+    assert not allowed({}, method="POST")
+    events = f"/api/v1/namespaces/{NAMESPACE}/events"
+    assert _allows(role, _as_rbac_sees_it(RecordedRequest("POST", events, {})))
+    elsewhere = "/api/v1/namespaces/other/events"
+    assert not _allows(role, _as_rbac_sees_it(RecordedRequest("POST", elsewhere, {})))
+
+
+def _api_pod(name: str, ip: str, labels: Mapping[str, str]) -> Doc:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(labels)},
+        "status": {
+            "phase": "Running",
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+async def test_the_server_makes_only_requests_the_role_allows_and_uses_all_of_it(
+    rendered: list[Doc],
+) -> None:
+    """The server, started with the Deployment's own arguments against the API server
+    double, holding the rendered ConfigMap, the example model server's pods and its peer's
+    pod: every request it makes is one the Role allows (ConfigMaps by name through the
+    field selector), and every grant of the Role is used. Unused grants fail too."""
+    role = _one(rendered, "Role")
+    server = _server(rendered)
+    args = _parser().parse_args(_container(server)["args"])
+    configmap = _routing_configmap(rendered)
+    async with ApiServerDouble(bookmark_interval_s=0.2) as api:
+        api.put({"apiVersion": "v1", "kind": "ConfigMap", **configmap})
+        api.put(_api_pod("xds-server-a", "127.0.0.21", _pod_labels(server)))
+        api.put(_api_pod("xds-server-b", "127.0.0.22", _pod_labels(server)))
+        model_server = _pod_labels(_one(rendered, "Deployment", "vllm-llama"))
+        api.put(_api_pod("vllm-llama-0", "127.0.0.23", model_server))
+        settings = ServerSettings(
+            kubernetes=KubernetesSettings(
+                namespace=NAMESPACE,
+                watch_namespaces=tuple(args.watch_namespace or (NAMESPACE,)),
+                configmap=args.configmap,
+                api_host=api.url,
+                watch=WatchSettings(backoff_s=(0.05, 0.1, 0.2)),
+            ),
+            xds_port=0,
+            admin_port=0,
+            replica="xds-server-a",
+            peers_selector=args.peers_selector,
+        )
+        async with XdsApplication(settings) as app:
+            await app.wait_ready(within_s=30)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while True:
+                seen = {(r.group, r.resource, r.verb) for r in map(_as_rbac_sees_it, api.requests)}
+                if seen >= SERVER_API_USE or loop.time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+        requests = [_as_rbac_sees_it(r) for r in api.requests]
+    refused = sorted({r for r in requests if not _allows(role, r)})
+    assert not refused, f"requests the Role does not allow: {refused}"
+    used = {(r.group, r.resource, r.verb) for r in requests}
+    assert used == _grants(role), f"granted, never used: {sorted(_grants(role) - used)}"
 
 
 def test_the_routing_configmap_is_a_valid_routing_config(rendered: list[Doc]) -> None:
@@ -377,6 +536,20 @@ def test_the_server_service_exposes_xds_and_admin(rendered: list[Doc]) -> None:
     assert _port_number(container, ports["grpc-xds"]["targetPort"]) == 18000
     assert ports["http-admin"]["port"] == 9000
     assert _port_number(container, ports["http-admin"]["targetPort"]) == 9000
+
+
+def test_the_debug_views_stay_inside_the_pod(rendered: list[Doc]) -> None:
+    """/debug/* listens on the pod's loopback (the server's default): the Deployment does
+    not open it, and neither the container nor any Service names its port, so only
+    `kubectl port-forward` reaches it."""
+    container = _container(_server(rendered))
+    args = container["args"]
+    assert not any(a.startswith("--debug-address") for a in args)
+    debug_port = default_debug_port(_parser().parse_args(args).admin_port)
+    assert debug_port not in [p["containerPort"] for p in container["ports"]]
+    for service in _all(rendered, "Service"):
+        for port in service["spec"]["ports"]:
+            assert debug_port not in (port["port"], port.get("targetPort")), service
 
 
 def test_the_servers_rolling_update_keeps_a_ready_replica(rendered: list[Doc]) -> None:
@@ -707,6 +880,172 @@ def test_services_and_budgets_select_running_pods(rendered: list[Doc]) -> None:
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             assert container["resources"]["requests"], container["name"]
             assert container["resources"]["limits"], container["name"]
+
+
+# --- network policies --------------------------------------------------------------------
+
+# Where Prometheus runs: the namespace whose pods may reach the server's admin port
+# (k8s/server/networkpolicy.yaml; every namespace has this label with its name).
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+class _Source(NamedTuple):
+    """One end of a connection, as a NetworkPolicy sees it: a pod's labels and the labels
+    of its namespace."""
+
+    pod: Mapping[str, str]
+    namespace: Mapping[str, str]
+
+
+def _in_namespace(name: str) -> dict[str, str]:
+    return {"kubernetes.io/metadata.name": name}
+
+
+def _labels_selected(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    # Only matchLabels is read here: refuse anything else rather than misjudge it.
+    assert set(selector) <= {"matchLabels"}, f"unsupported selector: {selector}"
+    return _selects(selector.get("matchLabels", {}), labels)
+
+
+def _peer_matches(peer: Mapping[str, Any], source: _Source) -> bool:
+    """One `from` entry. A podSelector alone means pods of the policy's own namespace; a
+    namespaceSelector alone, every pod of those namespaces; both, those pods there."""
+    assert set(peer) <= {"podSelector", "namespaceSelector"}, f"unsupported peer: {peer}"
+    if "namespaceSelector" in peer:
+        if not _labels_selected(peer["namespaceSelector"], source.namespace):
+            return False
+    elif source.namespace != _in_namespace(NAMESPACE):
+        return False
+    return "podSelector" not in peer or _labels_selected(peer["podSelector"], source.pod)
+
+
+def _admitted(docs: list[Doc], *, to: Mapping[str, str], port: int, source: _Source) -> bool:
+    """Whether the NetworkPolicies let `source` open a TCP connection to `port` of a pod
+    with labels `to` in NAMESPACE. A pod that no Ingress policy selects admits everything;
+    one that some select admits what any of their rules allows (Kubernetes' semantics)."""
+    selecting = [
+        p
+        for p in _all(docs, "NetworkPolicy")
+        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and _labels_selected(p["spec"]["podSelector"], to)
+    ]
+    if not selecting:
+        return True
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress", []):
+            ports = rule.get("ports")
+            for entry in ports or []:
+                assert isinstance(entry["port"], int) and "endPort" not in entry, entry
+            if ports is not None and not any(
+                e["port"] == port and e.get("protocol", "TCP") == "TCP" for e in ports
+            ):
+                continue
+            peers = rule.get("from")
+            if not peers or any(_peer_matches(peer, source) for peer in peers):
+                return True
+    return False
+
+
+def _sources(docs: list[Doc]) -> dict[str, _Source]:
+    """Who might connect: each Deployment's pods, Prometheus in the monitoring namespace,
+    a stray pod here, and a pod elsewhere that copies Envoy's labels."""
+    here = _in_namespace(NAMESPACE)
+    return {
+        "envoy": _Source(_pod_labels(_envoy(docs)), here),
+        "xds-server": _Source(_pod_labels(_server(docs)), here),
+        "model-server": _Source(_pod_labels(_one(docs, "Deployment", "vllm-llama")), here),
+        "prometheus": _Source({"app.kubernetes.io/name": "prometheus"}, MONITORING),
+        "stray pod here": _Source({"run": "debug-shell"}, here),
+        "envoy look-alike elsewhere": _Source(_pod_labels(_envoy(docs)), _in_namespace("team-a")),
+    }
+
+
+def _admitted_sources(docs: list[Doc], to: Doc, port: int) -> set[str]:
+    return {
+        name
+        for name, source in _sources(docs).items()
+        if _admitted(docs, to=_pod_labels(to), port=port, source=source)
+    }
+
+
+def test_the_servers_xds_port_admits_envoy_and_its_peers_only(rendered: list[Doc]) -> None:
+    """Envoys' ADS, LRS and ALS streams, and the replicas' load exchange pod to pod (the
+    README's "How replicas find each other"), all on the xDS port."""
+    server = _server(rendered)
+    xds_port = _parser().parse_args(_container(server)["args"]).xds_port
+    assert xds_port in [p["containerPort"] for p in _container(server)["ports"]]
+    assert _admitted_sources(rendered, server, xds_port) == {"envoy", "xds-server"}
+
+
+def test_the_servers_admin_port_admits_the_monitoring_namespace_only(
+    rendered: list[Doc],
+) -> None:
+    """Prometheus scrapes /metrics; the kubelet's probes come from the node, which no
+    policy blocks. Nothing else reaches the admin port, and nothing reaches any other port
+    (the debug views are on loopback and need no rule)."""
+    server = _server(rendered)
+    args = _parser().parse_args(_container(server)["args"])
+    assert _admitted_sources(rendered, server, args.admin_port) == {"prometheus"}
+    assert _admitted_sources(rendered, server, default_debug_port(args.admin_port)) == set()
+    assert _admitted_sources(rendered, server, 8080) == set()
+
+
+def test_the_model_server_admits_envoy_and_the_server_only(rendered: list[Doc]) -> None:
+    """Envoy sends requests to the pool's target port and the server scrapes /metrics on
+    the pod's metrics port (the same one for this pool)."""
+    config = _routing_config(rendered)
+    model_server = _one(rendered, "Deployment", "vllm-llama")
+    (pool,) = [
+        p
+        for p in config.pools
+        if p.selector and _selects(p.selector.match_labels, _pod_labels(model_server))
+    ]
+    assert pool.selector is not None
+    ports = {pool.selector.target_port, pool.metrics_port or pool.selector.target_port}
+    for port in ports:
+        assert _admitted_sources(rendered, model_server, port) == {"envoy", "xds-server"}
+    assert _admitted_sources(rendered, model_server, 9000) == set()
+
+
+def test_envoy_takes_clients_from_anywhere_and_no_egress_is_restricted(
+    rendered: list[Doc],
+) -> None:
+    """Clients reach Envoy from wherever Service `envoy` is exposed, so no policy selects
+    it. No policy restricts egress: the server must reach the API server (outside any pod
+    selector), and everything needs DNS (k8s/README.md, "Network policies", says why)."""
+    envoy = _envoy(rendered)
+    listener = _routing_config(rendered).listener.port
+    assert _admitted_sources(rendered, envoy, listener) == set(_sources(rendered))
+    for policy in _all(rendered, "NetworkPolicy"):
+        assert policy["spec"]["policyTypes"] == ["Ingress"], policy["metadata"]["name"]
+        assert "egress" not in policy["spec"]
+
+
+def test_the_policy_check_reads_selectors_as_kubernetes_does() -> None:
+    """The checks above would pass anything if the evaluator admitted too much."""
+    here = _Source({"app": "a"}, _in_namespace(NAMESPACE))
+    elsewhere = _Source({"app": "a"}, _in_namespace("other"))
+    policy = {
+        "kind": "NetworkPolicy",
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "target"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}],
+                         "ports": [{"port": 80, "protocol": "TCP"}]}],
+        },
+    }  # fmt: skip
+    target = {"app": "target"}
+    assert _admitted([policy], to=target, port=80, source=here)
+    assert not _admitted([policy], to=target, port=81, source=here)
+    assert not _admitted([policy], to=target, port=80, source=elsewhere)
+    assert _admitted([policy], to={"app": "unselected"}, port=81, source=elsewhere)
+    both = {"namespaceSelector": {"matchLabels": _in_namespace("other")},
+            "podSelector": {"matchLabels": {"app": "b"}}}  # fmt: skip
+    policy["spec"]["ingress"][0]["from"] = [both]
+    assert not _admitted([policy], to=target, port=80, source=elsewhere)
+    assert _admitted([policy], to=target, port=80, source=_Source({"app": "b"}, elsewhere[1]))
+    policy["spec"]["ingress"] = []
+    assert not _admitted([policy], to=target, port=80, source=here)
 
 
 # --- Inference Extension examples --------------------------------------------------------
