@@ -53,6 +53,8 @@ USER 10001:10001
 EXPOSE 18000 9000
 
 # `xds-server run` binds 127.0.0.1 unless told otherwise, which nothing outside the
-# container can reach: the image binds all interfaces instead.
+# container can reach: the image binds all interfaces instead, over mutual TLS with the
+# certificate, key and client CA mounted at /etc/xds-server/tls (a Kubernetes TLS Secret's
+# layout: tls.crt, tls.key, ca.crt).
 ENTRYPOINT ["xds-server"]
-CMD ["run", "--config", "/etc/xds-server/config.yaml", "--xds-address", "0.0.0.0", "--admin-address", "0.0.0.0"]
+CMD ["run", "--config", "/etc/xds-server/config.yaml", "--xds-address", "0.0.0.0", "--admin-address", "0.0.0.0", "--tls-cert", "/etc/xds-server/tls/tls.crt", "--tls-key", "/etc/xds-server/tls/tls.key", "--tls-client-ca", "/etc/xds-server/tls/ca.crt"]

@@ -7,9 +7,7 @@ are on their own listener, on loopback (xds_server/admin.py says why).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -17,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.xds.conftest import RawClient
-from xds_server.admin import AdminServer, default_debug_port, make_debug_app
+from xds_server.admin import default_debug_port
 from xds_server.app import XdsApplication
 from xds_server.metrics.scraper import ScraperState
 from xds_server.settings import ServerSettings
@@ -30,28 +28,6 @@ pools: [{name: pool, models: [m], endpoints: [{address: 127.0.0.1, port: 9}]}]
 """
 
 DEBUG_PATHS = ("/debug/nodes", "/debug/snapshot", "/debug/config")
-
-
-@contextlib.asynccontextmanager
-async def debug_listener(app: XdsApplication) -> AsyncIterator[AdminServer]:
-    """The debug views of `app`'s parts, on 127.0.0.1 and a free port, as the server runs
-    them by default (host 127.0.0.1, port `default_debug_port(0)`)."""
-    server = AdminServer(
-        make_debug_app(
-            registry=app.registry,
-            cache=app.cache,
-            controller=app.controller,
-            discovery=app.discovery,
-            load_reports=app.load_reports.to_json,
-        ),
-        host="127.0.0.1",
-        port=default_debug_port(0),
-    )
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 def _non_loopback_address() -> str | None:
@@ -71,18 +47,20 @@ async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
     settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=0.05)
     async with (
         XdsApplication(settings) as app,
-        debug_listener(app) as debug,
         aiohttp.ClientSession() as http,
     ):
         admin = f"http://127.0.0.1:{app.admin_port}"
-        views = f"http://127.0.0.1:{debug.port}"
+        views = f"http://127.0.0.1:{app.debug_port}"
 
         async def get(base: str, path: str) -> tuple[int, object]:
             async with http.get(base + path) as response:
                 return response.status, await response.json()
 
         assert await get(admin, "/healthz") == (200, {"status": "ok"})
-        await asyncio.sleep(0.2)
+        deadline = asyncio.get_running_loop().time() + 20
+        while "pools" not in (body := (await get(admin, "/readyz"))[1])["reason"]:  # type: ignore[index]
+            assert asyncio.get_running_loop().time() < deadline, body
+            await asyncio.sleep(0.05)
         status, body = await get(admin, "/readyz")
         assert status == 503 and "pools" in body["reason"]  # type: ignore[index]
         status, body = await get(views, "/debug/config")
@@ -161,12 +139,11 @@ async def test_the_debug_listener_is_on_loopback_only(tmp_path: Path) -> None:
     settings = ServerSettings(config_path=path, xds_port=0, admin_port=0)
     async with (
         XdsApplication(settings) as app,
-        debug_listener(app) as debug,
         aiohttp.ClientSession() as http,
     ):
         await app.wait_ready(within_s=20)
-        assert debug.host == "127.0.0.1" and debug.port != 0
-        views = f"http://127.0.0.1:{debug.port}"
+        assert app.settings.debug_host == "127.0.0.1" and app.debug_port != 0
+        views = f"http://127.0.0.1:{app.debug_port}"
         for path_ in DEBUG_PATHS:
             async with http.get(views + path_) as response:
                 assert response.status == 200, path_
@@ -178,7 +155,7 @@ async def test_the_debug_listener_is_on_loopback_only(tmp_path: Path) -> None:
         if outside is None:
             pytest.skip("no non-loopback address to try the debug port from")
         with pytest.raises(ConnectionRefusedError):
-            _, writer = await asyncio.open_connection(outside, debug.port)
+            _, writer = await asyncio.open_connection(outside, app.debug_port)
             writer.close()
 
 

@@ -79,6 +79,7 @@ class Server:
 
     process: subprocess.Popen[bytes]
     admin_url: str
+    debug_url: str
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -103,7 +104,8 @@ class Server:
             time.sleep(0.1)
 
     def _get(self, path: str) -> str:
-        with urllib.request.urlopen(f"{self.admin_url}{path}", timeout=5) as response:
+        base = self.debug_url if path.startswith("/debug/") else self.admin_url
+        with urllib.request.urlopen(f"{base}{path}", timeout=5) as response:
             return str(response.read().decode())
 
     def published(self) -> dict[tuple[str, ...], str]:
@@ -133,16 +135,21 @@ def start_server(tmp_path: Path) -> Iterator[Callable[[str], Server]]:
     started: list[Server] = []
 
     def start(seed: str) -> Server:
-        admin_port = _free_port()
+        admin_port, debug_port = _free_port(), _free_port()
         process = subprocess.Popen(
             [
                 sys.executable, "-m", "xds_server", "--log-level", "warning",
                 "run", "--config", str(config),
                 "--xds-port", str(_free_port()), "--admin-port", str(admin_port),
+                "--debug-port", str(debug_port), "--plaintext",
             ],
             env={**os.environ, "PYTHONHASHSEED": seed},
         )  # fmt: skip
-        server = Server(process=process, admin_url=f"http://127.0.0.1:{admin_port}")
+        server = Server(
+            process=process,
+            admin_url=f"http://127.0.0.1:{admin_port}",
+            debug_url=f"http://127.0.0.1:{debug_port}",
+        )
         started.append(server)
         server.wait_ready()
         return server

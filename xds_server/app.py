@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from xds_server.admin import AdminServer, make_admin_app
+from xds_server.admin import AdminServer, default_debug_port, make_admin_app, make_debug_app
 from xds_server.clock import Clock, loop_clock
 from xds_server.config import RoutingConfig
 from xds_server.controller import Controller
@@ -34,7 +34,7 @@ from xds_server.peering.kubernetes import KubernetesPeers
 from xds_server.peering.links import PeerLinks
 from xds_server.peering.reports import ReplicaReport
 from xds_server.peering.service import PeeringServer
-from xds_server.settings import ServerSettings
+from xds_server.settings import ServerSettings, TlsSettings
 from xds_server.sources.kubernetes import client as kubernetes_client
 from xds_server.sources.kubernetes.discovery import KubernetesDiscovery
 from xds_server.sources.pod_metrics import PodMetricsSource, follow_config
@@ -46,12 +46,18 @@ from xds_server.telemetry.pods import PodCollector
 from xds_server.telemetry.scrape import ScrapeTelemetry
 from xds_server.xds.access_logs import AccessLogServer, PrefillingPrompts
 from xds_server.xds.cache import SnapshotCache
+from xds_server.xds.identity import Authenticator, IdentityPolicy
 from xds_server.xds.load_reports import LoadReports
 from xds_server.xds.load_stats import LoadStatsServer
 from xds_server.xds.nodes import NodeRegistry
 from xds_server.xds.server import AdsServer
+from xds_server.xds.tls import TlsCredentials, TlsFiles
 
 __all__ = ["XdsApplication"]
+
+
+def _tls_files(tls: TlsSettings) -> TlsFiles:
+    return TlsFiles(cert=tls.cert, key=tls.key, client_ca=tls.client_ca)
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +81,31 @@ class XdsApplication:
         self.cache = SnapshotCache()
         self.registry = NodeRegistry(self.telemetry)
         # The xDS edge's view of the Envoys' load, per cluster name.
-        self.load_reports = LoadReports(self.telemetry, clock=clock)
+        self.load_reports = LoadReports(
+            self.telemetry, clock=clock, known_clusters=self.cache.cluster_names
+        )
         # A prefilling prompt not logged for 10 intervals lost its end with its stream.
-        self.long_prompts = PrefillingPrompts(stale_s=10 * LONG_PROMPT_LOG_INTERVAL_S, clock=clock)
+        self.long_prompts = PrefillingPrompts(
+            stale_s=10 * LONG_PROMPT_LOG_INTERVAL_S,
+            clock=clock,
+            known_clusters=self.cache.cluster_names,
+        )
+        # Mutual TLS on the gRPC port, and who may speak for an Envoy or a peer.
+        self._tls = TlsCredentials(_tls_files(settings.tls)) if settings.tls is not None else None
+        self._authenticator = Authenticator(
+            tls=settings.tls is not None,
+            policy=IdentityPolicy(
+                envoy_identity=settings.tls.envoy_identity if settings.tls else None,
+                peer_identity=settings.tls.peer_identity if settings.tls else None,
+            ),
+            registry=self.telemetry.registry,
+        )
         self.peers = PeerLinks(
-            replica=settings.replica, registry=self.telemetry.registry, clock=clock
+            replica=settings.replica,
+            registry=self.telemetry.registry,
+            clock=clock,
+            credentials=self._tls.channel_credentials if self._tls is not None else None,
+            server_name=settings.tls.peer_server_name if settings.tls is not None else None,
         )
         self.envoy_load = EnvoyLoad(
             self.load_reports,
@@ -140,8 +166,12 @@ class XdsApplication:
                     watch=k.watch,
                 )
         self._admin = AdminServer(
-            make_admin_app(
-                telemetry=self.telemetry,
+            make_admin_app(telemetry=self.telemetry, controller=self.controller),
+            host=settings.admin_host,
+            port=settings.admin_port,
+        )
+        self._debug = AdminServer(
+            make_debug_app(
                 registry=self.registry,
                 cache=self.cache,
                 controller=self.controller,
@@ -149,8 +179,12 @@ class XdsApplication:
                 load_reports=self.load_reports.to_json,
                 fleet=self._fleet_json,
             ),
-            host=settings.admin_host,
-            port=settings.admin_port,
+            host=settings.debug_host,
+            port=(
+                default_debug_port(settings.admin_port)
+                if settings.debug_port is None
+                else settings.debug_port
+            ),
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._grpc: grpc.aio.Server | None = None
@@ -161,6 +195,10 @@ class XdsApplication:
     @property
     def admin_port(self) -> int:
         return self._admin.port
+
+    @property
+    def debug_port(self) -> int:
+        return self._debug.port
 
     @property
     def config_source(self) -> str:
@@ -196,6 +234,11 @@ class XdsApplication:
             except OSError as exc:
                 raise OSError(f"Cannot start the admin server: {exc.strerror}.") from exc
             stack.push_async_callback(self._admin.stop)
+            try:
+                await self._debug.start()
+            except OSError as exc:
+                raise OSError(f"Cannot start the debug server: {exc.strerror}.") from exc
+            stack.push_async_callback(self._debug.stop)
             self._start_tasks()
             stack.push_async_callback(self._stop_tasks)
             self.peers.set_peers(self.settings.peers)
@@ -203,11 +246,15 @@ class XdsApplication:
             self._stack = stack.pop_all()
         s = self.settings
         logger.info(
-            "xDS server listening on %s:%d (gRPC ADS), admin on http://%s:%d, config from %s.",
+            "xDS server listening on %s:%d (gRPC ADS, %s), admin on http://%s:%d, debug views"
+            " on http://%s:%d, config from %s.",
             s.xds_host,
             self.xds_port,
+            "mutual TLS" if s.tls is not None else "plaintext",
             s.admin_host,
             self.admin_port,
+            s.debug_host,
+            self.debug_port,
             self.config_source,
         )
         return self
@@ -224,18 +271,30 @@ class XdsApplication:
         )
         server.add_generic_rpc_handlers(
             (
-                AdsServer(cache=self.cache, registry=self.registry).generic_handler(),
+                AdsServer(
+                    cache=self.cache, registry=self.registry, authenticator=self._authenticator
+                ).generic_handler(),
                 LoadStatsServer(
-                    reports=self.load_reports, interval_s=s.load_report_interval_s
+                    reports=self.load_reports,
+                    interval_s=s.load_report_interval_s,
+                    authenticator=self._authenticator,
                 ).generic_handler(),
                 AccessLogServer(
-                    prompts=self.long_prompts, telemetry=self.telemetry
+                    prompts=self.long_prompts,
+                    telemetry=self.telemetry,
+                    authenticator=self._authenticator,
                 ).generic_handler(),
-                PeeringServer(report=self._own_report).generic_handler(),
+                PeeringServer(
+                    report=self._own_report, authenticator=self._authenticator
+                ).generic_handler(),
             )
         )
+        address = f"{s.xds_host}:{s.xds_port}"
         try:
-            self.xds_port = server.add_insecure_port(f"{s.xds_host}:{s.xds_port}")
+            if self._tls is not None:
+                self.xds_port = server.add_secure_port(address, self._tls.server_credentials())
+            else:
+                self.xds_port = server.add_insecure_port(address)
         except RuntimeError as exc:
             raise OSError(f"Cannot bind the xDS gRPC server to {s.xds_host}:{s.xds_port}.") from exc
         await server.start()

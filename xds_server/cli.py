@@ -60,8 +60,27 @@ async def _run(args: argparse.Namespace) -> None:
         raise SystemExit("xds-server run: --configmap needs --kubernetes")
     if args.peers_selector is not None and not args.kubernetes:
         raise SystemExit("xds-server run: --peers-selector needs --kubernetes")
+    given = [f is not None for f in (args.tls_cert, args.tls_key, args.tls_client_ca)]
+    if args.plaintext and any(given):
+        raise SystemExit("xds-server run: --plaintext and the --tls-* files exclude each other")
+    if not args.plaintext and not all(given):
+        raise SystemExit(
+            "xds-server run: give --tls-cert, --tls-key and --tls-client-ca (mutual TLS),"
+            " or --plaintext to serve without TLS (local tests and demos only)"
+        )
     from xds_server.app import XdsApplication
-    from xds_server.settings import KubernetesSettings, ServerSettings
+    from xds_server.settings import KubernetesSettings, ServerSettings, TlsSettings
+
+    tls = None
+    if not args.plaintext:
+        tls = TlsSettings(
+            cert=args.tls_cert,
+            key=args.tls_key,
+            client_ca=args.tls_client_ca,
+            envoy_identity=args.envoy_identity,
+            peer_identity=args.peer_identity,
+            peer_server_name=args.peer_server_name,
+        )
 
     kubernetes = None
     if args.kubernetes:
@@ -81,10 +100,13 @@ async def _run(args: argparse.Namespace) -> None:
         xds_port=args.xds_port,
         admin_host=args.admin_address,
         admin_port=args.admin_port,
+        debug_host=args.debug_address,
+        debug_port=args.debug_port,
         config_poll_s=args.config_poll,
         replica=args.replica,
         peers=tuple(args.peer or ()),
         peers_selector=args.peers_selector,
+        tls=tls,
     )
     async with XdsApplication(settings) as app:
         signalled = asyncio.create_task(_until_signalled())
@@ -108,8 +130,17 @@ async def _until_signalled() -> None:
 
 
 def _bootstrap(args: argparse.Namespace) -> None:
-    from xds_server.envoy.bootstrap import render_bootstrap
+    from xds_server.envoy.bootstrap import BootstrapTls, render_bootstrap, render_sds_files
 
+    if args.plaintext == (args.tls_dir is not None):
+        raise SystemExit(
+            "xds-server bootstrap: give --tls-dir (mutual TLS to the server), or --plaintext"
+        )
+    tls = None
+    if args.tls_dir is not None:
+        tls = BootstrapTls(
+            cert_dir=args.tls_dir, sds_dir=args.sds_dir, server_name=args.server_name
+        )
     document = render_bootstrap(
         xds_address=args.xds_address,
         xds_port=args.xds_port,
@@ -117,7 +148,14 @@ def _bootstrap(args: argparse.Namespace) -> None:
         node_cluster=args.node_cluster,
         admin_port=args.admin_port,
         delta=args.delta,
+        tls=tls,
     )
+    if args.write_sds is not None:
+        if tls is None:
+            raise SystemExit("xds-server bootstrap: --write-sds needs --tls-dir")
+        args.write_sds.mkdir(parents=True, exist_ok=True)
+        for name, content in render_sds_files(tls).items():
+            (args.write_sds / name).write_text(yaml.safe_dump(content, sort_keys=False))
     if args.format == "json":
         print(json.dumps(document, indent=2))
     else:
@@ -146,9 +184,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="discover pods and Inference Extension objects through the Kubernetes API",
     )
-    run.add_argument(
-        "--namespace", help="the server's namespace (default: its service account's)"
-    )
+    run.add_argument("--namespace", help="the server's namespace (default: its service account's)")
     run.add_argument(
         "--watch-namespace",
         action="append",
@@ -162,12 +198,42 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--admin-address", default="127.0.0.1", help="admin/metrics bind address")
     run.add_argument("--admin-port", type=int, default=9000)
     run.add_argument(
+        "--debug-address",
+        default="127.0.0.1",
+        help="bind address of the debug views (/debug/*); keep it loopback unless they must be"
+        " reachable from elsewhere",
+    )
+    run.add_argument(
+        "--debug-port", type=int, help="port of the debug views (default: --admin-port + 1)"
+    )
+    run.add_argument(
         "--config-poll", type=float, default=1.0, help="seconds between config file checks"
     )
     run.add_argument(
         "--replica",
         default=os.environ.get("POD_NAME") or socket.gethostname(),
         help="this replica's name, as its peers know it (default: $POD_NAME, else the host name)",
+    )
+    tls = run.add_argument_group("mutual TLS on the gRPC port (ADS, LRS, ALS, peers)")
+    tls.add_argument("--tls-cert", type=Path, help="the server's certificate chain (PEM)")
+    tls.add_argument("--tls-key", type=Path, help="the server's private key (PEM)")
+    tls.add_argument(
+        "--tls-client-ca", type=Path, help="the CA clients' certificates must chain to (PEM)"
+    )
+    tls.add_argument(
+        "--envoy-identity",
+        help="the subject alternative name an Envoy's certificate must carry ({node_id}: its"
+        " node id); default: any certificate of the client CA",
+    )
+    tls.add_argument(
+        "--peer-identity",
+        help="the subject alternative name a peer replica's certificate must carry",
+    )
+    tls.add_argument("--peer-server-name", help="the name the peers' server certificates are for")
+    tls.add_argument(
+        "--plaintext",
+        action="store_true",
+        help="serve without TLS: anyone who reaches the port is trusted (tests, demos)",
     )
     peers = run.add_mutually_exclusive_group()
     peers.add_argument(
@@ -192,6 +258,23 @@ def _parser() -> argparse.ArgumentParser:
     boot.add_argument("--admin-port", type=int, default=9901)
     boot.add_argument("--delta", action="store_true", help="use incremental (Delta) xDS")
     boot.add_argument("--format", default="yaml", choices=["yaml", "json"])
+    boot_tls = boot.add_mutually_exclusive_group()
+    boot_tls.add_argument(
+        "--tls-dir",
+        help="mutual TLS: the directory of the client certificate (tls.crt, tls.key, ca.crt)",
+    )
+    boot_tls.add_argument(
+        "--plaintext", action="store_true", help="connect to the server without TLS"
+    )
+    boot.add_argument("--sds-dir", default="/etc/envoy/sds", help="where Envoy reads its SDS files")
+    boot.add_argument(
+        "--server-name",
+        default="xds-server.xds-server.svc",
+        help="the name the server's certificate is for (SNI and subject alternative name)",
+    )
+    boot.add_argument(
+        "--write-sds", type=Path, metavar="DIR", help="also write the SDS files into DIR"
+    )
     return parser
 
 

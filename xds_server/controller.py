@@ -33,7 +33,10 @@ from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["Controller", "LoadSource", "SignalsSource"]
+__all__ = ["LOAD_DECISION_GAP_S", "Controller", "LoadSource", "SignalsSource"]
+
+# Decisions due to load changes (a long prompt starting or ending) come at most this often.
+LOAD_DECISION_GAP_S = 0.05
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +105,8 @@ class Controller:
         # When the first config came: the first snapshot waits a little for the pods'
         # first scrapes from then on (`_warming`).
         self._first_config_at: float | None = None
+        # When the last decision due to load (a long prompt) was scheduled.
+        self._last_load_decision = float("-inf")
         self.snapshot: Snapshot | None = None
         self.decision = Decision()
 
@@ -163,7 +168,11 @@ class Controller:
         if config is None:
             return
         if any(c in clusters for p in config.pools for c in names.long_prompt_clusters(config, p)):
-            self._schedule(extend=False, now=True)
+            # At once, but at most every LOAD_DECISION_GAP_S: a stream of load changes
+            # (however many Envoys report them) cannot push Envoys more often than that.
+            at = max(self._clock(), self._last_load_decision + LOAD_DECISION_GAP_S)
+            self._last_load_decision = at
+            self._schedule(extend=False, now=True, at=at)
 
     def reject(self, error: ConfigError) -> None:
         """Record a config that could not be used; the last good one stays in force."""
@@ -173,18 +182,22 @@ class Controller:
         self.last_error = str(error)
         self._refused = True
 
-    def _schedule(self, *, extend: bool, now: bool = False) -> None:
+    def _schedule(self, *, extend: bool, now: bool = False, at: float | None = None) -> None:
+        """Mark the state dirty: decide at `at` (default: the clock now) if `now`, else
+        after the debounce (`extend`: a config change pushes the deadline out)."""
         assert self._config is not None
         updates = self._config.updates
-        at = self._clock()
+        clock_now = self._clock()
         if now:
-            self._dirty_since = self._dirty_since if self._dirty_since is not None else at
-            self._deadline = at
+            self._dirty_since = self._dirty_since if self._dirty_since is not None else clock_now
+            self._deadline = max(clock_now, at if at is not None else clock_now)
         elif self._dirty_since is None:
-            self._dirty_since = at
-            self._deadline = at + updates.debounce_s
+            self._dirty_since = clock_now
+            self._deadline = clock_now + updates.debounce_s
         elif extend:
-            self._deadline = min(at + updates.debounce_s, self._dirty_since + updates.max_delay_s)
+            self._deadline = min(
+                clock_now + updates.debounce_s, self._dirty_since + updates.max_delay_s
+            )
         self._settled.clear()
         self._wake.set()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["KubernetesSettings", "ServerSettings", "WatchSettings"]
+__all__ = ["KubernetesSettings", "ServerSettings", "TlsSettings", "WatchSettings"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +39,24 @@ class KubernetesSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TlsSettings:
+    """Mutual TLS on the gRPC port (xds/tls.py, xds/identity.py): the server's certificate
+    chain and key and the CA clients' certificates must chain to (PEM files, re-read when
+    they change), and what a client's certificate must say."""
+
+    cert: Path
+    key: Path
+    client_ca: Path
+    # The identity an Envoy's certificate must carry; `{node_id}` is its node id. None:
+    # any certificate of the client CA may speak for any node.
+    envoy_identity: str | None = None
+    # The identity a peer replica's certificate must carry (None: any of the client CA).
+    peer_identity: str | None = None
+    # The name the peers' server certificates are for (their pod IPs are not in them).
+    peer_server_name: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     """Everything `xds-server run` is told on its command line.
 
@@ -53,6 +71,10 @@ class ServerSettings:
     xds_port: int = 18000
     admin_host: str = "127.0.0.1"
     admin_port: int = 9000
+    # The debug views (/debug/*, admin.py): on loopback unless opened on purpose. None: the
+    # admin port + 1 (admin.default_debug_port), or a free port when admin_port is 0.
+    debug_host: str = "127.0.0.1"
+    debug_port: int | None = None
     config_poll_s: float = 1.0
     # gRPC keepalive: notice a dead Envoy (or a dead path to it) within about a minute.
     keepalive_time_s: float = 30.0
@@ -60,6 +82,9 @@ class ServerSettings:
     # How often Envoys send load reports (LRS): requests in flight and rates per cluster.
     # Where a long prompt starts, the policy learns sooner from the access log (ALS).
     load_report_interval_s: float = 0.25
+    # Mutual TLS on the gRPC port; None serves plaintext (the command line only does so
+    # when asked to with --plaintext).
+    tls: TlsSettings | None = None
     # This replica's name, as its peers know it (the pod's name on Kubernetes).
     replica: str = "xds-server"
     # The other replicas' xDS addresses ("host:port"), when they are fixed.

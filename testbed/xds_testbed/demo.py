@@ -234,7 +234,8 @@ async def run_demo(
         port = int(gateway.url.rsplit(":", 1)[1])
         console.print(
             f"Envoy listens on [bold]{gateway.url}[/]; this server's admin is on "
-            f"http://127.0.0.1:{gateway.app.admin_port} (/debug/nodes, /metrics)."
+            f"http://127.0.0.1:{gateway.app.admin_port} (/metrics), debug views on"
+            f" http://127.0.0.1:{gateway.app.debug_port} (/debug/nodes)."
         )
         summaries = []
         for phase in PHASES:

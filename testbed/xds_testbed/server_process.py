@@ -31,7 +31,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """One `python -m xds_server run --config CONFIG` on loopback ports of its own.
+    """One `python -m xds_server run --config CONFIG` on loopback ports of its own:
+    plaintext, or mutual TLS with `tls_args` (`--tls-cert ...`).
 
     Use `async with`: entering starts it and waits until it serves a snapshot
     (/readyz); leaving stops it (SIGTERM, then SIGKILL). `kill` ends it at once.
@@ -45,14 +46,17 @@ class ServerProcess:
         xds_port: int | None = None,
         peers: Sequence[str] = (),
         extra_args: Sequence[str] = (),
+        tls_args: Sequence[str] = (),
         log_level: str = "warning",
     ) -> None:
         self.config = config
         self.replica = replica
         self.xds_port = xds_port or free_port()
         self.admin_port = free_port()
+        self.debug_port = free_port()
         self.peers = tuple(peers)
         self._extra_args = tuple(extra_args)
+        self._tls_args = tuple(tls_args)
         self._log_level = log_level
         self._process: asyncio.subprocess.Process | None = None
 
@@ -64,12 +68,18 @@ class ServerProcess:
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
+    @property
+    def debug_url(self) -> str:
+        return f"http://127.0.0.1:{self.debug_port}"
+
     async def __aenter__(self) -> ServerProcess:
         args = [
             "-m", "xds_server", "--log-level", self._log_level,
             "run", "--config", str(self.config), "--replica", self.replica,
             "--xds-port", str(self.xds_port), "--admin-port", str(self.admin_port),
+            "--debug-port", str(self.debug_port),
             *(arg for peer in self.peers for arg in ("--peer", peer)),
+            *(self._tls_args or ("--plaintext",)),
             *self._extra_args,
         ]  # fmt: skip
         self._process = await asyncio.create_subprocess_exec(
@@ -107,9 +117,9 @@ class ServerProcess:
                 await asyncio.sleep(0.1)
 
     async def get_json(self, path: str) -> Any:
-        """GET `path` on the admin port, as JSON."""
+        """GET `path` of the debug views (/debug/...), as JSON."""
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
-            async with http.get(f"{self.admin_url}{path}") as response:
+            async with http.get(f"{self.debug_url}{path}") as response:
                 response.raise_for_status()
                 return await response.json()
 

@@ -29,7 +29,7 @@ async def server_process(config: Path, xds_port: int) -> AsyncIterator[asyncio.s
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "xds_server", "--log-level", "warning",
         "run", "--config", str(config), "--xds-port", str(xds_port), "--admin-port", "0",
-        "--config-poll", "0.1",
+        "--config-poll", "0.1", "--plaintext",
     )  # fmt: skip
     try:
         yield process

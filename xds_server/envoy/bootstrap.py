@@ -15,17 +15,113 @@ server on 127.0.0.1:18000, and envoy/README.md explains each field.
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 from typing import Any
 
 from xds_server.envoy import names
 
-__all__ = ["MAX_DOWNSTREAM_CONNECTIONS", "render_bootstrap"]
+__all__ = [
+    "BootstrapTls",
+    "CLIENT_CERT_SECRET",
+    "MAX_DOWNSTREAM_CONNECTIONS",
+    "SERVER_CA_SECRET",
+    "render_bootstrap",
+    "render_sds_files",
+]
 
 # A cap on client connections. Envoy warns at start-up without one, and an unbounded
 # number of idle connections is an easy way to exhaust file descriptors.
 MAX_DOWNSTREAM_CONNECTIONS = 50_000
 
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+_SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+_UPSTREAM_TLS = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+# The SDS resources (and files) of the xDS client certificate and of the CA it trusts.
+CLIENT_CERT_SECRET = "xds_client_certificate"
+SERVER_CA_SECRET = "xds_server_ca"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BootstrapTls:
+    """Mutual TLS towards the xDS server, with certificates Envoy reads through SDS from
+    files: `sds_dir` holds the two SDS files (`render_sds_files`), which point at
+    `cert_dir`'s `tls.crt`, `tls.key` and `ca.crt` (a Kubernetes TLS Secret's layout, as
+    cert-manager writes it). Envoy watches `cert_dir`, so a rotated certificate is used
+    without a restart. `server_name` is the name the server's certificate is for (SNI,
+    and the DNS subject alternative name Envoy requires)."""
+
+    cert_dir: str
+    sds_dir: str
+    server_name: str
+
+
+def _sds_source(tls: BootstrapTls, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "sds_config": {
+            "path_config_source": {
+                "path": f"{tls.sds_dir}/{name}.yaml",
+                "watched_directory": {"path": tls.sds_dir},
+            },
+            "resource_api_version": "V3",
+        },
+    }
+
+
+def _transport_socket(tls: BootstrapTls) -> dict[str, Any]:
+    return {
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": _UPSTREAM_TLS,
+            "sni": tls.server_name,
+            "common_tls_context": {
+                "tls_certificate_sds_secret_configs": [_sds_source(tls, CLIENT_CERT_SECRET)],
+                "combined_validation_context": {
+                    "default_validation_context": {
+                        "match_typed_subject_alt_names": [
+                            {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
+                        ]
+                    },
+                    "validation_context_sds_secret_config": _sds_source(tls, SERVER_CA_SECRET),
+                },
+            },
+        },
+    }
+
+
+def render_sds_files(tls: BootstrapTls) -> dict[str, dict[str, Any]]:
+    """The SDS files (file name -> content) the bootstrap of `tls` reads: the client
+    certificate and key, and the CA the server's certificate must chain to."""
+    watched = {"path": tls.cert_dir}
+    return {
+        f"{CLIENT_CERT_SECRET}.yaml": {
+            "resources": [
+                {
+                    "@type": _SECRET,
+                    "name": CLIENT_CERT_SECRET,
+                    "tls_certificate": {
+                        "certificate_chain": {"filename": f"{tls.cert_dir}/tls.crt"},
+                        "private_key": {"filename": f"{tls.cert_dir}/tls.key"},
+                        "watched_directory": watched,
+                    },
+                }
+            ]
+        },
+        f"{SERVER_CA_SECRET}.yaml": {
+            "resources": [
+                {
+                    "@type": _SECRET,
+                    "name": SERVER_CA_SECRET,
+                    "validation_context": {
+                        "trusted_ca": {"filename": f"{tls.cert_dir}/ca.crt"},
+                        "watched_directory": watched,
+                    },
+                }
+            ]
+        },
+    }
 
 
 def render_bootstrap(
@@ -36,12 +132,14 @@ def render_bootstrap(
     node_cluster: str,
     admin_port: int,
     delta: bool = False,
+    tls: BootstrapTls | None = None,
 ) -> dict[str, Any]:
     """An Envoy v3 bootstrap that takes all of its configuration from the ADS server at
     `xds_address:xds_port` (an IP address, or a DNS name such as a Kubernetes Service).
 
     `delta` selects incremental xDS (DELTA_GRPC) instead of state of the world (GRPC).
     The admin interface listens on 127.0.0.1:`admin_port` only (0 picks a free port).
+    `tls` connects to the server over mutual TLS (None: plaintext).
     """
     try:
         ipaddress.ip_address(xds_address)
@@ -51,6 +149,8 @@ def render_bootstrap(
         discovery: dict[str, Any] = {"type": "STRICT_DNS", "dns_lookup_family": "V4_PREFERRED"}
     else:
         discovery = {"type": "STATIC"}
+    if tls is not None:
+        discovery = {**discovery, "transport_socket": _transport_socket(tls)}
     return {
         "node": {"id": node_id, "cluster": node_cluster},
         "dynamic_resources": {

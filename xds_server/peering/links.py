@@ -1,7 +1,8 @@
 """This replica's links to its peers: the latest report of each, kept for the policy.
 
 One task per peer watches its `Peering/Watch` stream (service.py) and keeps the latest
-report. The stream ending, failing, or bringing a report that does not parse marks the
+report, over mutual TLS when `credentials` are given (this replica's own certificate).
+The stream ending, failing, or bringing a report that does not parse marks the
 peer down, is logged and counted, and the link retries along `backoff_s`.
 
 What a peer that went quiet still counts for (the safe side, DESIGN notes in the README):
@@ -68,8 +69,12 @@ class PeerLinks:
         clock: Clock = loop_clock,
         quiet_s: float = 1.0,
         backoff_s: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0),
+        credentials: Callable[[], grpc.ChannelCredentials] | None = None,
+        server_name: str | None = None,
     ) -> None:
         self._replica = replica
+        self._credentials = credentials
+        self._server_name = server_name
         self._on_change = on_change
         self._clock = clock
         self._quiet_s = quiet_s
@@ -175,9 +180,17 @@ class PeerLinks:
 
     async def _link(self, state: PeerState) -> None:
         """Watch `state.address` until cancelled, reconnecting along `backoff_s`."""
-        options = [("grpc.max_receive_message_length", MAX_REPORT_BYTES)]
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_REPORT_BYTES)]
+        if self._server_name is not None:
+            options.append(("grpc.ssl_target_name_override", self._server_name))
         while True:
-            async with grpc.aio.insecure_channel(state.address, options=options) as channel:
+            channel = (
+                grpc.aio.insecure_channel(state.address, options=options)
+                if self._credentials is None
+                # Credentials read anew per connection: a rotated certificate is taken.
+                else grpc.aio.secure_channel(state.address, self._credentials(), options=options)
+            )
+            async with channel:
                 watch = channel.unary_stream(
                     WATCH_METHOD, request_serializer=_identity, response_deserializer=_identity
                 )

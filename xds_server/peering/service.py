@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from xds_server.peering.reports import ReplicaReport
+from xds_server.xds.identity import Authenticator
 
 __all__ = ["PEERING_SERVICE", "PeeringServer", "WATCH_METHOD"]
 
@@ -40,10 +41,12 @@ class PeeringServer:
         self,
         *,
         report: Callable[[], ReplicaReport],
+        authenticator: Authenticator | None = None,
         interval_s: float = 0.05,
         heartbeat_s: float = 0.25,
     ) -> None:
         self._report = report
+        self._authenticator = authenticator
         self._interval_s = interval_s
         self._heartbeat_s = heartbeat_s
 
@@ -61,6 +64,8 @@ class PeeringServer:
     async def _watch(
         self, hello: bytes, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
+        if self._authenticator is not None:
+            await self._authenticator.admit_peer(context)
         if len(hello) > _MAX_HELLO_BYTES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the hello is too long")
         peer = hello.decode("utf-8", errors="replace") or context.peer()

@@ -84,11 +84,30 @@ class Telemetry:
             "1 if the latest routing config load succeeded.",
             registry=r,
         )
+        self.config_warnings = Counter(
+            "xds_config_warnings",
+            "Warnings about routing configs accepted all the same, by reason "
+            "(pool_without_endpoints: one per pool a config leaves without endpoints).",
+            ["reason"],
+            registry=r,
+        )
+        self.config_warnings.labels("pool_without_endpoints")
         self.lrs_streams = Gauge(
             "xds_lrs_streams", "Load reporting (LRS) streams currently open.", registry=r
         )
         self.lrs_reports = Counter(
             "xds_lrs_reports", "Load reports received from Envoys over LRS.", registry=r
+        )
+        self.lrs_unknown_clusters = Counter(
+            "xds_lrs_unknown_clusters",
+            "Clusters named in load reports that this server never pushed (dropped).",
+            registry=r,
+        )
+        self.als_dropped_entries = Counter(
+            "xds_als_dropped_entries",
+            "Access log entries dropped: an unknown cluster, or a stream over its bound.",
+            ["reason"],
+            registry=r,
         )
         self.als_streams = Gauge(
             "xds_als_streams",

@@ -22,8 +22,10 @@ A log entry is not a callout: Envoy writes it on its own time, and no request wa
 
 `PrefillingPrompts` keeps, per cluster and endpoint, the upstream streams still prefilling.
 One not heard of for `stale_s` is dropped (its end was lost with its stream), so a pod
-cannot stay marked for good. `AccessLogStream` is the protocol state machine of one stream
-(no I/O), as in load_stats.py; `AccessLogServer` only moves messages.
+cannot stay marked for good. Only clusters the server pushed are kept, and at most
+`max_per_log` streams per Envoy, so what an Envoy can make the server hold is bounded.
+`AccessLogStream` is the protocol state machine of one stream (no I/O), as in
+load_stats.py; `AccessLogServer` only moves messages.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from envoy.service.accesslog.v3 import als_pb2
 
 from xds_server.clock import Clock
 from xds_server.telemetry import Telemetry
+from xds_server.xds.identity import Authenticator
 
 __all__ = [
     "ALS_SERVICE",
@@ -81,9 +84,15 @@ class PrefillingPrompts:
         *,
         stale_s: float,
         clock: Clock = time.monotonic,
+        known_clusters: Callable[[], Set[str]] | None = None,
+        max_per_log: int = 1_000,
     ) -> None:
         self._stale_s = stale_s
         self._clock = clock
+        self._known_clusters = known_clusters
+        self._max_per_log = max_per_log
+        # Prefilling streams per ALS stream, to bound what one Envoy can make us hold.
+        self._per_log: dict[int, int] = {}
         self._on_change: Callable[[Set[str]], None] | None = None
         self._open: dict[str, dict[str, dict[_Stream, float]]] = {}
         self._nodes: dict[int, str] = {}
@@ -97,14 +106,18 @@ class PrefillingPrompts:
         """ALS stream `log_stream` of Envoy `node_id` started logging."""
         self._nodes[log_stream] = node_id
 
-    def logged(self, log_stream: int, entry: accesslog_pb2.HTTPAccessLogEntry) -> None:
+    def logged(self, log_stream: int, entry: accesslog_pb2.HTTPAccessLogEntry) -> str | None:
         """Apply one upstream log entry: a stream starts or goes on prefilling, or its
-        prefill is over (body bytes received), or it ended."""
+        prefill is over (body bytes received), or it ended. Returns why the entry was
+        dropped ("unknown_cluster": not a cluster this server pushed; "over_bound": its
+        Envoy already has `max_per_log` streams prefilling), or None."""
         common = entry.common_properties
         address = common.upstream_remote_address.socket_address
         if not (common.upstream_cluster and address.address):
-            return
+            return None
         cluster = common.upstream_cluster
+        if self._known_clusters is not None and cluster not in self._known_clusters():
+            return "unknown_cluster"
         endpoint = f"{address.address}:{address.port_value}"
         local = common.upstream_local_address.socket_address
         client = common.downstream_remote_address.socket_address
@@ -118,16 +131,25 @@ class PrefillingPrompts:
         answering = entry.request.request_body_bytes > 0
         if common.access_log_type == accesslog_pb2.UpstreamEnd or answering:
             known = streams.pop(stream, None) is not None
+            if known:
+                self._per_log[log_stream] -= 1
         else:
             known = stream in streams
+            if not known and self._per_log.get(log_stream, 0) >= self._max_per_log:
+                self._prune(cluster)
+                return "over_bound"
+            if not known:
+                self._per_log[log_stream] = self._per_log.get(log_stream, 0) + 1
             streams[stream] = self._clock()
         self._prune(cluster)
         if known != (stream in streams):
             self._changed({cluster})
+        return None
 
     def close(self, log_stream: int) -> None:
         """Drop what ALS stream `log_stream` logged: its Envoy went away."""
         self._nodes.pop(log_stream, None)
+        self._per_log.pop(log_stream, None)
         changed = set()
         for cluster, endpoints in self._open.items():
             for streams in endpoints.values():
@@ -163,6 +185,8 @@ class PrefillingPrompts:
         for streams in self._open.get(cluster, {}).values():
             for stream in [s for s, at in streams.items() if at < since]:
                 del streams[stream]
+                if stream.log_stream in self._per_log:
+                    self._per_log[stream.log_stream] -= 1
         self._prune(cluster)
 
     def _prune(self, cluster: str) -> None:
@@ -199,7 +223,10 @@ class AccessLogStream:
                 self.node_id, self.stream_id, message.identifier.log_name,
             )  # fmt: skip
         for entry in message.http_logs.log_entry:
-            self._prompts.logged(self.stream_id, entry)
+            dropped = self._prompts.logged(self.stream_id, entry)
+            if dropped is not None:
+                self._telemetry.als_dropped_entries.labels(dropped).inc()
+                continue
             kind = accesslog_pb2.AccessLogType.Name(entry.common_properties.access_log_type)
             self._telemetry.als_entries.labels(kind).inc()
 
@@ -212,9 +239,16 @@ class AccessLogStream:
 class AccessLogServer:
     """Serves ALS into a PrefillingPrompts store."""
 
-    def __init__(self, *, prompts: PrefillingPrompts, telemetry: Telemetry) -> None:
+    def __init__(
+        self,
+        *,
+        prompts: PrefillingPrompts,
+        telemetry: Telemetry,
+        authenticator: Authenticator | None = None,
+    ) -> None:
         self._prompts = prompts
         self._telemetry = telemetry
+        self._authenticator = authenticator
         self._ids = itertools.count(1)
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
@@ -240,6 +274,9 @@ class AccessLogServer:
         self._telemetry.als_streams.inc()
         try:
             async for message in messages:
+                if stream.node_id is None and self._authenticator is not None:
+                    node_id = message.identifier.node.id
+                    await self._authenticator.admit_envoy(context, node_id=node_id, service="als")
                 stream.receive(message)
         finally:
             stream.close()

@@ -119,6 +119,14 @@ class SnapshotCache:
         entries[key] = CacheEntry(snapshot=snapshot, born=now)
         return True
 
+    def cluster_names(self) -> frozenset[str]:
+        """Every cluster some snapshot holds: the only ones an Envoy may report on."""
+        return frozenset(
+            name
+            for entry in self._entries.values()
+            for name in entry.snapshot.resources[ResourceType.CLUSTER]
+        )
+
     def entry_for(self, group: str, node_id: str = "") -> CacheEntry | None:
         """The snapshot Envoy `node_id` of `group` receives, or None while there is none:
         its own, else its group's, else the default group's (and its own there)."""

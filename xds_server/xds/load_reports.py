@@ -17,11 +17,13 @@ The server asks for endpoint granularity too (`report_endpoint_granularity`, Env
 each locality then lists `upstream_endpoint_stats`, so the requests in flight are also
 known per endpoint ("address:port").
 
-One entry per open LRS stream (an Envoy); it is forgotten when the stream closes, so sums
-are over the Envoys connected now. This is what flow control needs to see every band's
-requests in flight across all Envoys, and the policy to see which pods are busy with long
-prompts: a subscriber (`subscribe`) hears of every cluster whose requests in flight per
-endpoint changed.
+One entry per open LRS stream (an Envoy, one stream each: a newer stream of the same node
+replaces the older); it is forgotten when the stream closes, so sums are over the Envoys
+connected now. Only clusters the server pushed (`known_clusters`) are kept: a report
+naming others has them dropped and counted, so the state stays as small as the config.
+This is what flow control needs to see every band's requests in flight across all Envoys,
+and the policy to see which pods are busy with long prompts: a subscriber (`subscribe`)
+hears of every cluster whose requests in flight per endpoint changed.
 """
 
 from __future__ import annotations
@@ -128,10 +130,12 @@ class LoadReports:
         *,
         node_hash: NodeHash = by_node_cluster,
         clock: Clock = time.monotonic,
+        known_clusters: Callable[[], Set[str]] | None = None,
     ) -> None:
         self._telemetry = telemetry
         self._node_hash = node_hash
         self._clock = clock
+        self._known_clusters = known_clusters
         self._on_change: Callable[[Set[str]], None] | None = None
         self._nodes: dict[int, NodeLoad] = {}
         # Per cluster, over every report since the server started: [issued, dropped].
@@ -148,6 +152,9 @@ class LoadReports:
     def open(self, stream_id: int, node: base_pb2.Node) -> NodeLoad:
         """Start tracking the Envoy `node` on stream `stream_id`."""
         entry = NodeLoad(stream_id=stream_id, node_id=node.id, group=self._node_hash(node))
+        # One stream per Envoy: a node that opens another (a reconnect) is its newest.
+        for older in [e for e in self._nodes.values() if e.node_id == node.id]:
+            self.close(older.stream_id)
         self._nodes[stream_id] = entry
         self._telemetry.lrs_streams.inc()
         return entry
@@ -159,6 +166,14 @@ class LoadReports:
             return
         now = self._clock()
         changed = set()
+        known = self._known_clusters() if self._known_clusters is not None else None
+        if known is not None:
+            unknown = sum(1 for stats in clusters if stats.cluster_name not in known)
+            if unknown:
+                self._telemetry.lrs_unknown_clusters.inc(unknown)
+                clusters = [stats for stats in clusters if stats.cluster_name in known]
+            for name in [n for n in self._totals if n not in known]:
+                del self._totals[name]
         for stats in clusters:
             load = ClusterLoad.of(stats, now=now)
             previous = entry.clusters.get(stats.cluster_name)

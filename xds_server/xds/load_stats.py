@@ -24,6 +24,7 @@ import grpc
 from envoy.service.load_stats.v3 import lrs_pb2
 from google.protobuf import duration_pb2
 
+from xds_server.xds.identity import Authenticator
 from xds_server.xds.load_reports import LoadReports, NodeLoad
 
 __all__ = ["LRS_SERVICE", "LoadStatsServer", "LoadStatsStream"]
@@ -83,11 +84,18 @@ class LoadStatsStream:
 class LoadStatsServer:
     """Serves LRS into a LoadReports store, asking for a report every `interval_s` seconds."""
 
-    def __init__(self, *, reports: LoadReports, interval_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        reports: LoadReports,
+        interval_s: float,
+        authenticator: Authenticator | None = None,
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"the load report interval must be positive, not {interval_s}")
         self._reports = reports
         self._interval_s = interval_s
+        self._authenticator = authenticator
         self._ids = itertools.count(1)
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
@@ -113,6 +121,9 @@ class LoadStatsServer:
         )
         try:
             async for request in requests:
+                if stream.node is None and self._authenticator is not None:
+                    node_id = request.node.id
+                    await self._authenticator.admit_envoy(context, node_id=node_id, service="lrs")
                 for response in stream.receive(request):
                     yield response
         finally:

@@ -19,6 +19,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.delta import DeltaStream
+from xds_server.xds.identity import Authenticator
 from xds_server.xds.nodes import NodeRegistry
 from xds_server.xds.sotw import SotwStream
 from xds_server.xds.stream import Response
@@ -44,9 +45,16 @@ def _identity(payload: bytes) -> bytes:
 class AdsServer:
     """Serves one SnapshotCache over ADS, both SotW and Delta, recording nodes in a registry."""
 
-    def __init__(self, *, cache: SnapshotCache, registry: NodeRegistry) -> None:
+    def __init__(
+        self,
+        *,
+        cache: SnapshotCache,
+        registry: NodeRegistry,
+        authenticator: Authenticator | None = None,
+    ) -> None:
         self._cache = cache
         self._registry = registry
+        self._authenticator = authenticator
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -102,8 +110,15 @@ class AdsServer:
                 session.events.put_nowait(_Wake.END)
 
         reader = asyncio.create_task(read(), name=f"ads-reader-{session.record.stream_id}")
+        admitted = self._authenticator is None
         try:
             while (event := await session.events.get()) is not _Wake.END:
+                if not admitted and not isinstance(event, _Wake):
+                    assert self._authenticator is not None
+                    await self._authenticator.admit_envoy(
+                        context, node_id=event.node.id, service="ads"
+                    )
+                    admitted = True
                 for response in session.handle(event):
                     yield response.payload
         finally:
