@@ -13,6 +13,7 @@ The same files make the client credentials a replica uses towards its peers.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +63,9 @@ class TlsCredentials:
         return tuple((s.st_mtime_ns, s.st_size) for s in stats)
 
     def _load(self) -> _Loaded:
-        """Read the three files; raises OSError or ValueError (not PEM) naming the file."""
+        """Read the three files and check that they make a usable pair and CA; raises
+        OSError or ValueError naming what is wrong (a rotation caught half-way: a new
+        certificate beside the old key)."""
         signature = self._signature()
         contents = []
         for path in self.files.paths():
@@ -71,6 +74,15 @@ class TlsCredentials:
                 raise ValueError(f"{path} holds no PEM block")
             contents.append(data)
         cert, key, client_ca = contents
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        try:
+            context.load_cert_chain(self.files.cert, self.files.key)
+            context.load_verify_locations(cadata=client_ca.decode(errors="replace"))
+        except ssl.SSLError as exc:
+            raise ValueError(
+                f"{self.files.cert} and {self.files.key} are not a certificate and its key,"
+                f" or {self.files.client_ca} is not a CA certificate ({exc.reason})"
+            ) from exc
         return _Loaded(signature=signature, cert=cert, key=key, client_ca=client_ca)
 
     def _configuration(self, loaded: _Loaded) -> grpc.ServerCertificateConfiguration:
