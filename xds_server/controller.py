@@ -33,7 +33,7 @@ from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["LOAD_DECISION_GAP_S", "Controller", "LoadSource", "SignalsSource"]
+__all__ = ["Controller", "LOAD_DECISION_GAP_S", "LoadSource", "SignalsSource"]
 
 # Decisions due to load changes (a long prompt starting or ending) come at most this often.
 LOAD_DECISION_GAP_S = 0.05

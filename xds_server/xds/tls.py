@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["TlsFiles", "TlsCredentials"]
+__all__ = ["TlsCredentials", "TlsFiles"]
 
 logger = logging.getLogger(__name__)
 
