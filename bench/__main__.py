@@ -4,6 +4,10 @@
 
 Writes DIR/results.json (the documented shape), DIR/results.md (the tables) and
 DIR/ttft_cdf_<scenario>.png, and prints the tables.
+
+Some scenarios run only some policies (f: no oracle; f2: only the project, the one with
+flow control for its replicas to share): the others are skipped with a message, and a
+scenario left with none to run is refused.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import time
 from pathlib import Path
 
 from bench.report import markdown_table, plot_ttft_cdfs
-from bench.runner import POLICIES, RunOptions, run_benchmark
-from bench.scenarios import SCENARIOS
+from bench.runner import POLICIES, RunOptions, policies_of, run_benchmark
+from bench.scenarios import SCENARIOS, build_scenario
 
 DEFAULT_DURATION_S = 16.0
 QUICK_DURATION_S = 3.0
@@ -67,6 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     duration = args.duration or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S)
+    for name in scenarios:
+        scenario = build_scenario(name, duration_s=duration)
+        runs, skipped = policies_of(scenario, policies)
+        if not runs:
+            print(
+                f"scenario {name} runs only the policies {', '.join(scenario.policies or ())};"
+                f" --policies {','.join(skipped)} leaves it nothing to run",
+                file=sys.stderr,
+            )
+            return 2
     options = RunOptions(
         scenarios=scenarios,
         seeds=args.seeds,

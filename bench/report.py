@@ -62,6 +62,8 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             )
         if "capacity_tokens_per_s" in scenario:
             lines += ["", *_overload_table(scenario)]
+        if any("max_admitted_over_limit" in s for s in policies.values()):
+            lines += ["", *_replicas_lines(policies)]
         if any("requests_to_dead_pod_after_s" in s for s in policies.values()):
             lines += ["", *_faults_table(policies)]
         closures = []
@@ -135,6 +137,31 @@ def _overload_table(scenario: Mapping[str, Any]) -> list[str]:
             f"{'' if ratio is None else f' ({ratio:.2f}x)'} "
             f"| {goodput:,.0f} ({100 * goodput / capacity:.0f}%) "
             f"| {s.get('retry_after_missing', 0)} | {s.get('server_errors', 0)} |"
+        )
+    return lines
+
+
+def _replicas_lines(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Scenario f2's figures: admitted concurrency over the limit, and the split."""
+    lines = []
+    for policy in [p for p in POLICY_ORDER if p in policies]:
+        s = policies[policy]
+        if "max_admitted_over_limit" not in s:
+            continue
+        split = s.get("split", {})
+        shares = split.get("shares", {})
+        by_envoy = split.get("by_envoy", {})
+        envoys = ", ".join(
+            f"{node} {100 * share:.0f}% ({by_envoy.get(node, {}).get('requests', 0)} requests,"
+            f" {by_envoy.get(node, {}).get('status_counts', {}).get('429', 0)} refused)"
+            for node, share in shares.items()
+        )
+        lines.append(
+            f"{policy}: {s.get('envoys')} Envoys on replicas {', '.join(s.get('replicas', []))}"
+            f" ({envoys}). Standard+Sheddable admitted over the pool limit"
+            f" ({s.get('admitted_limit')}): at most {s.get('max_admitted_over_limit')}"
+            f" (target ≤ {s.get('envoys')}); every band over it:"
+            f" at most {s.get('max_all_bands_over_limit')}."
         )
     return lines
 

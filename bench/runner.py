@@ -21,6 +21,12 @@ an in-process kill: the gRPC server stops without grace) is measured from the ne
 server's start to Envoy's node being back and holding the new server's version of every
 type, and the versions of the new server's first snapshot are compared with the old
 server's last.
+
+Scenario f2 (`Scenario.replicas`) runs the project's policy on a gateway of its own
+instead: server replicas as separate processes, one Envoy each (bench/replicated.py), the
+trace split between the Envoys by bench/split_replay.py, and the Envoys' admitted
+concurrency sampled beside the replay. The one Envoy and in-process server of the other
+scenarios start only when a scenario needs them.
 """
 
 from __future__ import annotations
@@ -40,21 +46,40 @@ from typing import Any
 
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.reaction import measure_reaction
+from bench.replicated import (
+    REPLICAS_NOTES,
+    AdmittedSampler,
+    FleetRecorder,
+    run_replicated_gateway,
+    wait_until_agreed,
+)
 from bench.scenarios import MODEL, Faults, Scenario, build_scenario
+from bench.split_replay import part_of_each_request, run_split_replay_in_subprocess
 from llm_sim.fleet import Fleet
 from llm_sim.loadgen import ReplayResult, generate_trace, run_replay_in_subprocess, summarize
 from llm_sim.loadgen.stats import ttft_sample
+from llm_sim.loadgen.trace import Trace
 from llm_sim.oracle import OracleRouter
 from xds_server.config import RoutingConfig
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 from xds_testbed.gateway import LocalGateway, run_local_gateway
 
-__all__ = ["POLICIES", "RunOptions", "run_benchmark"]
+__all__ = ["POLICIES", "RunOptions", "policies_of", "run_benchmark"]
 
 logger = logging.getLogger(__name__)
 
 POLICIES = ("round_robin", "least_request", "project", "oracle")
+# The project's pool in every scenario's routing config.
+_POOL = "llm"
+
+
+def policies_of(scenario: Scenario, wanted: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The policies of `wanted` that `scenario` runs, and those it leaves out (the oracle
+    has no admission for f; f2's replicas share flow control, which only the project has)."""
+    runs = scenario.policies or POLICIES
+    return [p for p in wanted if p in runs], [p for p in wanted if p not in runs]
+
 
 # The simulator's step timing is no longer trustworthy when its steps end, on average, this
 # much behind their deadlines, or when this much pod time was lost to stalls (re-anchoring).
@@ -113,7 +138,7 @@ def _routing(
             "updates": {"debounce_s": 0.05, "max_delay_s": 0.2},
             "pools": [
                 {
-                    "name": "llm",
+                    "name": _POOL,
                     "models": [MODEL],
                     "adapters": list(scenario.adapters),
                     "balancing": "round_robin" if policy == "round_robin" else "least_request",
@@ -223,53 +248,190 @@ async def _targets(
             yield fleet, [("127.0.0.1", pod.port) for pod in fleet.pods]
 
 
+class _Gateway:
+    """The benchmark's one Envoy and in-process server (`LocalGateway`), started when a
+    scenario first needs it and stopped with `exit`. Mutable state: `_gateway`."""
+
+    def __init__(self, exit: contextlib.AsyncExitStack, bootstrap_config: Path) -> None:
+        self._exit = exit
+        self._bootstrap_config = bootstrap_config
+        self._gateway: LocalGateway | None = None
+        self.envoy = _EnvoyVersions()
+
+    async def get(self) -> LocalGateway:
+        if self._gateway is None:
+            self._gateway = await self._exit.enter_async_context(
+                run_local_gateway(self._bootstrap_config, node_id="bench-envoy", config_poll_s=3600)
+            )
+        return self._gateway
+
+
 async def _run_policy(
-    gateway: LocalGateway,
+    gateways: _Gateway,
     scenario: Scenario,
     policy: str,
     *,
     seed: int,
+    trace: Trace,
     trace_path: Path,
-    first_at_s: float,
     options: RunOptions,
-    envoy: _EnvoyVersions,
+    workdir: Path,
 ) -> PolicyRun:
+    first_at_s = trace.requests[0].at_s if trace.requests else 0.0
+    extra_figures: dict[str, Any] = {}
     async with _targets(scenario, policy, seed=seed, stream_interval=options.stream_interval) as (
         fleet,
         endpoints,
     ):
         config = _routing(scenario, policy, endpoints, project_balancing=options.project_balancing)
-        await _apply(gateway, config, envoy)
         counters = _CounterSampler(fleet)
-        async with counters.running(), contextlib.AsyncExitStack() as stack:
-            faults: asyncio.Task[dict[str, Any]] | None = None
-            if scenario.faults is not None:
-                faults = asyncio.create_task(
-                    _inject_faults(
-                        gateway,
-                        fleet,
-                        config,
-                        envoy,
-                        faults=scenario.faults,
-                        first_at_s=first_at_s,
-                    )
+        if scenario.replicas is not None:
+            async with counters.running():
+                result, extra_figures = await _replay_on_replicas(
+                    scenario, config, fleet, trace=trace, trace_path=trace_path, workdir=workdir
                 )
-                stack.push_async_callback(_cancel, faults)
-            result: ReplayResult = await run_replay_in_subprocess(
+            sim_lag = _simulator_lag(fleet)
+            end = _EngineCounters.of(fleet)
+        else:
+            result, fault_figures, sim_lag, end = await _replay_on_gateway(
+                await gateways.get(),
+                scenario,
+                policy,
+                fleet,
+                config,
+                counters,
+                trace_path=trace_path,
+                first_at_s=first_at_s,
+                options=options,
+                envoy=gateways.envoy,
+            )
+            extra_figures.update(fault_figures)
+    return _policy_run(scenario, result, counters, end, sim_lag, extra_figures)
+
+
+async def _replay_on_gateway(
+    gateway: LocalGateway,
+    scenario: Scenario,
+    policy: str,
+    fleet: Fleet,
+    config: RoutingConfig,
+    counters: _CounterSampler,
+    *,
+    trace_path: Path,
+    first_at_s: float,
+    options: RunOptions,
+    envoy: _EnvoyVersions,
+) -> tuple[ReplayResult, dict[str, Any], dict[str, float], _EngineCounters]:
+    """The trace replayed through the benchmark's one Envoy, with `config` applied (and
+    scenario g's faults beside it); returns the replay, the fault figures, the simulator's
+    lag and the fleet's counters at the end."""
+    await _apply(gateway, config, envoy)
+    async with counters.running(), contextlib.AsyncExitStack() as stack:
+        faults: asyncio.Task[dict[str, Any]] | None = None
+        if scenario.faults is not None:
+            faults = asyncio.create_task(
+                _inject_faults(
+                    gateway,
+                    fleet,
+                    config,
+                    envoy,
+                    faults=scenario.faults,
+                    first_at_s=first_at_s,
+                )
+            )
+            stack.push_async_callback(_cancel, faults)
+        result: ReplayResult = await run_replay_in_subprocess(
+            trace_path,
+            url=gateway.url,
+            timeout_s=scenario.drain_s,
+            max_in_flight=5000,
+        )
+        # A fault step that hangs fails the run rather than stalling it (seen once, cause
+        # not found: see bench/results/g/NOTES.md).
+        fault_figures = await asyncio.wait_for(faults, _FAULTS_AFTER_REPLAY_S) if faults else {}
+    sim_lag = _simulator_lag(fleet)
+    # Retire the pods before they stop, as a drained deployment would.
+    gateway.app.submit_config(
+        _routing(scenario, policy, [], project_balancing=options.project_balancing)
+    )
+    end = _EngineCounters.of(fleet)
+    return result, fault_figures, sim_lag, end
+
+
+async def _replay_on_replicas(
+    scenario: Scenario,
+    config: RoutingConfig,
+    fleet: Fleet,
+    *,
+    trace: Trace,
+    trace_path: Path,
+    workdir: Path,
+) -> tuple[ReplayResult, dict[str, Any]]:
+    """Scenario f2: the trace split over the Envoys of server replicas that share their
+    load (bench/replicated.py), with the admitted concurrency sampled every 100 ms and
+    every replica's fleet view kept; the samples, the views and every request's result are
+    written to the run's traces folder, beside the trace (`<trace>-admitted.jsonl`,
+    `-fleet.jsonl`, `-results.json`), to see after a run why a figure is what it is."""
+    replicas = scenario.replicas
+    assert replicas is not None
+    config_path = workdir / f"{scenario.name}-config.json"
+    config_path.write_text(config.model_dump_json())
+    async with run_replicated_gateway(config_path, replicas=replicas.names) as gateway:
+        await wait_until_agreed(gateway, config=config, pool=_POOL, pods=len(fleet.pods))
+        admitted = AdmittedSampler(
+            dict(zip(gateway.node_ids, gateway.envoys, strict=True)),
+            fleet,
+            config=config,
+            pool=_POOL,
+        )
+        views = FleetRecorder(gateway.servers)
+        async with admitted.running(), views.running():
+            result = await run_split_replay_in_subprocess(
                 trace_path,
-                url=gateway.url,
+                urls=gateway.urls,
+                shares=replicas.split,
                 timeout_s=scenario.drain_s,
                 max_in_flight=5000,
+                wait_timeout_s=scenario.trace.duration_s + scenario.drain_s + 60.0,
             )
-            # A fault step that hangs fails the run rather than stalling it (seen once, cause
-            # not found: see bench/results/g/NOTES.md).
-            fault_figures = await asyncio.wait_for(faults, _FAULTS_AFTER_REPLAY_S) if faults else {}
-        sim_lag = _simulator_lag(fleet)
-        # Retire the pods before they stop, as a drained deployment would.
-        gateway.app.submit_config(
-            _routing(scenario, policy, [], project_balancing=options.project_balancing)
-        )
-        end = _EngineCounters.of(fleet)
+        node_ids = gateway.node_ids
+    start = result.started_at_unix
+    stem = trace_path.with_suffix("")
+    admitted.save(stem.with_name(f"{stem.name}-admitted.jsonl"), started_at_unix=start)
+    views.save(stem.with_name(f"{stem.name}-fleet.jsonl"), started_at_unix=start)
+    result.save(stem.with_name(f"{stem.name}-results.json"))
+    parts = part_of_each_request(trace, shares=replicas.split)
+    by_envoy: dict[str, Any] = {}
+    for i, node_id in enumerate(node_ids):
+        mine = [r for r in result.results if parts[r.index] == i]
+        by_envoy[node_id] = {
+            "requests": len(mine),
+            "status_counts": dict(sorted(Counter(r.outcome for r in mine).items())),
+            "refused_by_band": dict(
+                sorted(Counter(r.band for r in mine if r.status == 429).items())
+            ),
+        }
+    figures = {
+        **admitted.figures(started_at_unix=start),
+        **views.figures(pool=_POOL),
+        "envoys": len(node_ids),
+        "replicas": list(replicas.names),
+        "split": {
+            "shares": dict(zip(node_ids, replicas.split, strict=True)),
+            "by_envoy": by_envoy,
+        },
+    }
+    return result, figures
+
+
+def _policy_run(
+    scenario: Scenario,
+    result: ReplayResult,
+    counters: _CounterSampler,
+    end: _EngineCounters,
+    sim_lag: dict[str, float],
+    extra_figures: Mapping[str, Any],
+) -> PolicyRun:
     warmup_s = scenario.warmup_s
     measured = [r for r in result.results if r.scheduled_at_s >= warmup_s]
     summary = summarize(measured, duration_s=scenario.trace.duration_s - warmup_s).to_json()
@@ -286,7 +448,7 @@ async def _run_policy(
         }
     if scenario.windows is not None:
         summary.update(overload_figures(result.results, windows=scenario.windows))
-    summary.update(fault_figures)
+    summary.update(extra_figures)
     ttfts = [t for r in measured if (t := ttft_sample(r)) is not None]
     saturated = (
         result.saturated
@@ -512,11 +674,19 @@ class _CounterSampler:
         return before[-1] if before else _EngineCounters()
 
 
-# Fault figures merge to the worst seed, not the median: a failure in one seed is a failure.
+# Fault figures, and f2's excess over the pool limit, merge to the worst seed, not the
+# median: a failure in one seed is a failure.
 _SUMMED_OVER_SEEDS = frozenset(
     {"failed_before_headers", "cut_streams", "cut_streams_without_tokens", "non_json_errors"}
 )
-_WORST_OVER_SEEDS = frozenset({"requests_to_dead_pod_after_s", "reconnect_s"})
+_WORST_OVER_SEEDS = frozenset(
+    {
+        "requests_to_dead_pod_after_s",
+        "reconnect_s",
+        "max_admitted_over_limit",
+        "max_all_bands_over_limit",
+    }
+)
 
 
 def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:
@@ -568,34 +738,36 @@ async def run_benchmark(
         bootstrap_config.write_text(
             _routing(first, "least_request", [("127.0.0.1", 9)]).model_dump_json()
         )
-        async with run_local_gateway(
-            bootstrap_config, node_id="bench-envoy", config_poll_s=3600
-        ) as gateway:
-            envoy = _EnvoyVersions()
+        async with contextlib.AsyncExitStack() as exit:
+            gateways = _Gateway(exit, bootstrap_config)
             for name in options.scenarios:
                 scenario = build_scenario(
                     name, duration_s=options.duration_s, request_scale=options.request_scale
                 )
                 titles[name] = scenario.title
-                policies = [p for p in options.policies if p in (scenario.policies or POLICIES)]
+                policies, skipped = policies_of(scenario, options.policies)
+                if skipped:
+                    progress(
+                        f"scenario {name}: skipping {', '.join(skipped)}"
+                        f" (it runs only {', '.join(scenario.policies or POLICIES)})"
+                    )
                 runs: dict[str, list[PolicyRun]] = {p: [] for p in policies}
                 for seed in range(1, options.seeds + 1):
                     trace = generate_trace(scenario.trace, seed=seed)
                     trace_path = traces_dir / f"{name}-seed{seed}.jsonl"
                     trace.save(trace_path)
-                    first_at_s = trace.requests[0].at_s if trace.requests else 0.0
                     for policy in policies:
                         count = len(trace.requests)
                         progress(f"scenario {name}, seed {seed}, {policy}: {count} requests")
                         run = await _run_policy(
-                            gateway,
+                            gateways,
                             scenario,
                             policy,
                             seed=seed,
+                            trace=trace,
                             trace_path=trace_path,
-                            first_at_s=first_at_s,
                             options=options,
-                            envoy=envoy,
+                            workdir=Path(workdir),
                         )
                         runs[policy].append(run)
                         results["machine_saturated"] |= run.saturated
@@ -606,6 +778,8 @@ async def run_benchmark(
                     "pods": [{"name": p.name, "profile": p.profile.name} for p in scenario.pods],
                     "policies": {p: _merge_seeds(r) for p, r in runs.items()},
                 }
+                if scenario.replicas is not None:
+                    results["scenarios"][name]["notes"] = dict(REPLICAS_NOTES)
                 if scenario.windows is not None:
                     progress(f"scenario {name}: single-pod saturation probes for capacity")
                     # The trace's own request lengths, in the trace's order.

@@ -9,6 +9,11 @@ Scenario g (faults) adds a schedule of failures to d's steady load (`Faults`): a
 killed, another pod's requests reset before their first token, the killed pod back, and
 the control plane killed and restarted, at fixed fractions of the run, so every policy
 meets the same faults at the same point of the same trace.
+
+Scenario f2 is f's fleet and trace through two server replicas that share their Envoys'
+load (xds_server/peering), one Envoy on each (`Replicas`), with the trace's requests split
+70/30 between the two Envoys: the fleet-wide budgets must hold whichever Envoy admits. Only
+the project's policy runs (round robin and least request have no flow control to share).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = [
     "ADAPTERS",
     "Faults",
     "MODEL",
+    "Replicas",
     "SCENARIOS",
     "Scenario",
     "build_scenario",
@@ -66,6 +72,21 @@ class Faults:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Replicas:
+    """Scenario f2's gateway: one server replica per Envoy (`python -m xds_server run
+    --replica NAME --peer ...`, each peering with all the others, on one config file), and
+    the share of the trace's requests each Envoy gets (`split`, in replica order, summing
+    to 1; which request goes where is decided by a seeded RNG: bench/split_replay.py)."""
+
+    names: tuple[str, ...]
+    split: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.names) != len(self.split) or abs(sum(self.split) - 1) > 1e-9:
+            raise ValueError(f"one share per replica, summing to 1: {self.names} {self.split}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Scenario:
     name: str
     title: str
@@ -91,6 +112,8 @@ class Scenario:
     warmup_s: float = 0.0
     # Scenario g: the fault schedule.
     faults: Faults | None = None
+    # Scenario f2: server replicas and Envoys, one each, and the trace's split over them.
+    replicas: Replicas | None = None
 
 
 def _pods(**counts: int) -> tuple[PodSpec, ...]:
@@ -128,7 +151,8 @@ def fleet_capacity(pods: Sequence[PodSpec], classes: Sequence[RequestClass]) -> 
 
 
 def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) -> Scenario:
-    """Scenario `name` (a to g) lasting `duration_s` seconds of arrivals (b, c, e, f: three times).
+    """Scenario `name` (a to g, c96, f2) lasting `duration_s` seconds of arrivals (b, c, e,
+    f, f2: three times).
 
     `request_scale` multiplies every prompt and output length (a smoke run uses short
     requests so that it drains in seconds); rates follow the resulting capacity.
@@ -140,6 +164,15 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             mean=mean * k, sigma=sigma, min=max(1, round(low * k)), max=max(2, round(high * k))
         )
 
+    if name == "f2":
+        f = build_scenario("f", duration_s=duration_s, request_scale=request_scale)
+        return dataclasses.replace(
+            f,
+            name=name,
+            title=f"{f.title}; two server replicas, one Envoy each, requests split 70/30",
+            policies=("project",),
+            replicas=Replicas(names=("a", "b"), split=(0.7, 0.3)),
+        )
     adapters: tuple[str, ...] = ()
     session_affinity = False
     flow_control: Mapping[str, Any] | None = None
@@ -240,8 +273,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             model=MODEL,
         )
         title = (
-            f"shared prefixes ({groups} groups of a 2,048-token system prompt,"
-            " 256-token questions)"
+            f"shared prefixes ({groups} groups of a 2,048-token system prompt, 256-token questions)"
         )
         session_affinity = True
     elif name == "d":
@@ -359,4 +391,4 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
     )
 
 
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "c96")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "c96", "f2")

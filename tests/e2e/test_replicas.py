@@ -16,8 +16,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import ConfigFile, eventually
-from xds_server.envoy import names, render_bootstrap
+from xds_server.envoy import names
 from xds_testbed.backends import ExampleBackend
+from xds_testbed.bootstraps import failover_bootstrap
 from xds_testbed.envoy_process import EnvoyProcess
 from xds_testbed.server_process import ServerProcess, free_port
 
@@ -28,39 +29,6 @@ FLOW_CONTROL = {
     "default_pod_concurrency": POOL_LIMIT,
     "critical_headroom": 0,
 }
-
-
-def _bootstrap(node_id: str, primary: ServerProcess, backup: ServerProcess) -> dict[str, Any]:
-    """A bootstrap whose xDS cluster is `primary`, failing over to `backup` when a TCP
-    health check finds `primary` gone (as a Kubernetes Service drops a dead pod)."""
-    bootstrap = render_bootstrap(
-        xds_address="127.0.0.1",
-        xds_port=primary.xds_port,
-        node_id=node_id,
-        node_cluster="gateway",
-        admin_port=0,
-    )
-    [cluster] = bootstrap["static_resources"]["clusters"]
-
-    def endpoint(server: ServerProcess) -> dict[str, Any]:
-        address = {"address": "127.0.0.1", "port_value": server.xds_port}
-        return {"endpoint": {"address": {"socket_address": address}}}
-
-    cluster["load_assignment"]["endpoints"] = [
-        {"priority": 0, "lb_endpoints": [endpoint(primary)]},
-        {"priority": 1, "lb_endpoints": [endpoint(backup)]},
-    ]
-    cluster["health_checks"] = [
-        {
-            "timeout": "0.5s",
-            "interval": "0.2s",
-            "no_traffic_interval": "0.2s",
-            "unhealthy_threshold": 1,
-            "healthy_threshold": 1,
-            "tcp_health_check": {},
-        }
-    ]
-    return bootstrap
 
 
 class Traffic:
@@ -160,7 +128,7 @@ async def test_two_replicas_three_envoys_admit_within_the_pool_limit_and_survive
         await asyncio.gather(stack.enter_async_context(a), stack.enter_async_context(b))
         envoys = [
             await stack.enter_async_context(
-                EnvoyProcess(_bootstrap(node_id, primary, backup), log_level="warn")
+                EnvoyProcess(failover_bootstrap(node_id, primary, backup), log_level="warn")
             )
             for node_id, primary, backup in (
                 ("envoy-1", a, b),
@@ -263,7 +231,7 @@ async def test_an_envoys_part_follows_its_demand(
         server = await stack.enter_async_context(ServerProcess(config_file.path, replica="a"))
         busy, idle = [
             await stack.enter_async_context(
-                EnvoyProcess(_bootstrap(node_id, server, server), log_level="warn")
+                EnvoyProcess(failover_bootstrap(node_id, server, server), log_level="warn")
             )
             for node_id in ("busy", "idle")
         ]
