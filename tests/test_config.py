@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from xds_server.config import load_config, parse_config
+from xds_server.config import ParseLimits, load_config, load_yaml, parse_config, read_document
 from xds_server.errors import ConfigError
 
 GOOD = """
@@ -111,3 +115,148 @@ def test_pod_selector_renders_a_sorted_label_selector() -> None:
     selector = config.pools[0].selector
     assert selector is not None and selector.target_port == 8000
     assert selector.label_selector == "app=llama,xds-server.io/engine=vllm"
+
+
+# Limits small enough for quick tests; the defaults are checked once each below.
+SMALL = ParseLimits(max_bytes=8192, max_aliases=20, max_alias_nodes=500, max_depth=8)
+
+
+def laughs(levels: int, width: int, leaves: int = 1) -> str:
+    """A "billion laughs": each anchor holds `width` aliases of the one before."""
+    lines = [f"a0: &a0 [{', '.join(['lol'] * leaves)}]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_default_limits() -> None:
+    limits = ParseLimits()
+    assert limits.max_bytes == 1 << 20  # what a ConfigMap holds at most
+    assert (limits.max_aliases, limits.max_alias_nodes, limits.max_depth) == (256, 100_000, 64)
+
+
+def test_a_document_over_the_size_cap_is_refused_unparsed() -> None:
+    good = "pools: [{name: a, models: [m]}]\n"
+    padded = good + "#" * (SMALL.max_bytes - len(good))
+    assert parse_config(padded, limits=SMALL).pools[0].name == "a"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(padded + "#", source="c.yaml", limits=SMALL)
+    assert str(caught.value) == "c.yaml: refused: 8193 bytes, over the limit of 8192 bytes"
+    # Counted in UTF-8 bytes, not characters.
+    with pytest.raises(ConfigError, match="refused: 8193 bytes"):
+        parse_config(padded[:-1] + "é", limits=SMALL)
+    # The default cap: 1 MiB. Not even a YAML error is looked for beyond it.
+    with pytest.raises(ConfigError, match="over the limit of 1048576 bytes"):
+        parse_config(b"[" * ((1 << 20) + 1))
+
+
+def test_a_billion_laughs_is_refused_at_the_first_alias_over_the_limit() -> None:
+    # 9 levels of 9: 9^8 lists of 9 once expanded, in 486 bytes. safe_load takes no time
+    # over it (aliases share one object), but whatever reads the result walks every use.
+    with pytest.raises(ConfigError) as caught:
+        parse_config(laughs(9, 9, leaves=9), source="c.yaml")
+    assert str(caught.value) == (
+        "c.yaml: refused: YAML aliases expand to more than 100000 nodes (after 37 aliases)"
+    )
+    # Many cheap aliases: the count alone.
+    document = "e: &e 1\nx: [" + ", ".join(["*e"] * 257) + "]\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(document, source="c.yaml")
+    assert str(caught.value) == "c.yaml: refused: more than 256 YAML aliases"
+
+
+def test_aliases_within_the_limits_still_work() -> None:
+    config = parse_config(
+        "pools:\n"
+        "  - &a {name: a, models: [m], endpoints: &e [{address: 10.0.0.1, port: 80}]}\n"
+        "  - {<<: *a, name: b, models: [n], endpoints: *e}\n"
+    )
+    assert [p.name for p in config.pools] == ["a", "b"]
+    assert config.pools[1].endpoints == config.pools[0].endpoints
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ("a: &a [1, *a]", "refused: the alias *a is inside its own anchor (a cycle)"),
+        ("a: &a {b: *a}", "refused: the alias *a is inside its own anchor (a cycle)"),
+        ("x: " + "[" * 8 + "]" * 8, "refused: nested deeper than 8 levels"),
+        ("".join(" " * i + "-\n" for i in range(12)), "refused: nested deeper than 8 levels"),
+        ("a: *nowhere", "not valid YAML: found undefined alias 'nowhere'"),
+        ("a: &x 1\nb: &x 2", "not valid YAML: found duplicate anchor 'x'"),
+        ("a: " + "1" * 5000, "not valid YAML: Exceeds the limit (4300 digits)"),
+        ("!!python/object/apply:os.system [true]", "not valid YAML: could not determine"),
+    ],
+)
+def test_hostile_yaml_is_refused_with_what_was_wrong(document: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(document, source="c.yaml", limits=SMALL)
+    assert str(caught.value).startswith(f"c.yaml: {message}")
+
+
+@settings(max_examples=150, deadline=None)
+@given(levels=st.integers(1, 8), width=st.integers(1, 8), leaves=st.integers(1, 5))
+def test_alias_limits_are_counted_exactly(levels: int, width: int, leaves: int) -> None:
+    """Refused at the first alias over either limit (in document order), else loaded."""
+    expected = None
+    aliases = added = 0
+    size = 1 + leaves  # the nodes under a0: the list and its scalars
+    for _ in range(1, levels):
+        for _ in range(width):
+            aliases += 1
+            if aliases > SMALL.max_aliases:
+                expected = f"more than {SMALL.max_aliases} YAML aliases"
+                break
+            added += size
+            if added > SMALL.max_alias_nodes:
+                expected = f"YAML aliases expand to more than 500 nodes (after {aliases} aliases)"
+                break
+        if expected:
+            break
+        size = 1 + width * size
+    document = laughs(levels, width, leaves)
+    if expected is None:
+        assert load_yaml(document, source="c", limits=SMALL) == yaml.safe_load(document)
+    else:
+        with pytest.raises(ConfigError) as caught:
+            load_yaml(document, source="c", limits=SMALL)
+        assert str(caught.value) == f"c: refused: {expected}"
+
+
+_SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+_TREES = st.recursive(
+    _SCALARS,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(shared=_TREES, other=_TREES, uses=st.integers(1, 4))
+def test_within_the_limits_documents_load_as_safe_load_reads_them(
+    shared: Any, other: Any, uses: int
+) -> None:
+    # safe_dump writes an object used twice as an anchor and aliases.
+    document = yaml.safe_dump({"uses": [shared] * uses, "other": other, "again": shared})
+    assert load_yaml(document, source="c", limits=ParseLimits()) == yaml.safe_load(document)
+
+
+def test_a_refusal_lists_the_first_20_problems() -> None:
+    document = "pools: [" + ", ".join(["{name: A, models: [m]}"] * 50) + "]"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(document)
+    message = str(caught.value)
+    assert message.count("pools.") == 20
+    assert message.endswith("; and 31 more problems")  # 50 names, and `pools` empty
+
+
+def test_a_file_over_the_cap_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    with path.open("wb") as file:
+        file.truncate(4 << 30)  # sparse: reading it would take seconds and 4 GiB
+    with pytest.raises(ConfigError) as caught:
+        read_document(path)
+    assert str(caught.value) == f"{path}: refused: {4 << 30} bytes, over the limit of 1048576 bytes"
+    path.write_text("pools: [{name: a, models: [m]}]")
+    assert load_config(path, limits=SMALL).pools[0].name == "a"

@@ -9,11 +9,21 @@ config and says what was wrong.
 from __future__ import annotations
 
 import ipaddress
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.events import AliasEvent, Event
+from yaml.nodes import Node
+from yaml.parser import Parser
+from yaml.reader import Reader
+from yaml.resolver import Resolver
+from yaml.scanner import Scanner
 
 from xds_server.errors import ConfigError
 
@@ -29,6 +39,7 @@ __all__ = [
     "ListenerConfig",
     "ModelBands",
     "ModelRewrite",
+    "ParseLimits",
     "PodSelector",
     "PoolConfig",
     "RewriteTarget",
@@ -37,7 +48,9 @@ __all__ = [
     "UpdatesConfig",
     "UpstreamConfig",
     "load_config",
+    "load_yaml",
     "parse_config",
+    "read_document",
 ]
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")]
@@ -405,15 +418,153 @@ class RoutingConfig(_Strict):
         return next((p for p in self.pools if model in p.models or model in p.adapters), None)
 
 
-def parse_config(document: str | bytes, *, source: str = "config") -> RoutingConfig:
-    """Parse and validate a YAML (or JSON) routing document.
+@dataclass(frozen=True, kw_only=True)
+class ParseLimits:
+    """How much work a routing document may cost before it is refused unparsed.
 
-    Raises ConfigError with every problem found, each naming its field path.
+    PyYAML's safe loader bounds none of it. An alias shares its anchor's node, so loading
+    is cheap, but whatever reads the result (validation, a merge key `<<`) walks the anchor
+    at every use: a few kilobytes of aliases of aliases ("billion laughs") cost minutes.
+    The composer counts every node an alias stands for, at every use, and stops at the
+    first one over `max_alias_nodes`; a document without aliases is bounded by its size.
     """
+
+    # Bytes of the document (a ConfigMap holds at most 1 MiB anyway).
+    max_bytes: int = 1 << 20
+    # Aliases (`*name`) in the document, and the nodes they add once expanded.
+    max_aliases: int = 256
+    max_alias_nodes: int = 100_000
+    # Nesting of mappings and sequences (a routing config needs 6).
+    max_depth: int = 64
+
+    def check_size(self, size: int, *, source: str) -> None:
+        """Raise ConfigError when a document of `size` bytes is over `max_bytes`."""
+        if size > self.max_bytes:
+            raise ConfigError(
+                f"{source}: refused: {size} bytes, over the limit of {self.max_bytes} bytes"
+            )
+
+
+class _TooComplex(Exception):
+    """A document over one of its ParseLimits; the message says which."""
+
+
+class _BoundedComposer(Composer):
+    """PyYAML's composer, counting aliases, the nodes they stand for, and the depth."""
+
+    def __init__(self, limits: ParseLimits) -> None:
+        super().__init__()
+        self._limits = limits
+        self._aliases = 0
+        # Nodes composed so far, an alias counting as every node under its anchor.
+        self._nodes = 0
+        self._alias_nodes = 0
+        self._depth = 0
+        # Anchor -> the nodes under it (itself included), once it is composed.
+        self._sizes: dict[str, int] = {}
+
+    if TYPE_CHECKING:  # the parser's, the other base of every loader
+
+        def peek_event(self) -> Event | None: ...
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        event = self.peek_event()
+        if isinstance(event, AliasEvent):
+            self._alias(str(event.anchor))
+            return super().compose_node(parent, index)
+        limits = self._limits
+        if self._depth >= limits.max_depth:
+            raise _TooComplex(f"nested deeper than {limits.max_depth} levels")
+        start = self._nodes
+        self._nodes += 1
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            self._sizes[anchor] = self._nodes - start
+        return node
+
+    def _alias(self, anchor: str) -> None:
+        limits = self._limits
+        self._aliases += 1
+        if self._aliases > limits.max_aliases:
+            raise _TooComplex(f"more than {limits.max_aliases} YAML aliases")
+        if anchor in self.anchors and anchor not in self._sizes:
+            raise _TooComplex(f"the alias *{anchor} is inside its own anchor (a cycle)")
+        # An undefined anchor counts 0 here; the composer refuses it next.
+        size = self._sizes.get(anchor, 0)
+        self._nodes += size
+        self._alias_nodes += size
+        if self._alias_nodes > limits.max_alias_nodes:
+            raise _TooComplex(
+                f"YAML aliases expand to more than {limits.max_alias_nodes} nodes "
+                f"(after {self._aliases} aliases)"
+            )
+
+
+class _Loader(Reader, Scanner, Parser, _BoundedComposer, SafeConstructor, Resolver):
+    """yaml.SafeLoader with a bounded composer (all in Python)."""
+
+    def __init__(self, document: str | bytes, limits: ParseLimits) -> None:
+        Reader.__init__(self, document)
+        Scanner.__init__(self)
+        Parser.__init__(self)
+        _BoundedComposer.__init__(self, limits)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
+
+
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser
+
+    class _CLoader(_BoundedComposer, CParser, SafeConstructor, Resolver):
+        """libyaml's scanner and parser (C) under the bounded composer: about 5 times
+        faster than `_Loader` (1 MiB composed in 0.4 s instead of 2.5 s)."""
+
+        def __init__(self, document: str | bytes, limits: ParseLimits) -> None:
+            CParser.__init__(self, document)
+            _BoundedComposer.__init__(self, limits)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+
+def load_yaml(document: str | bytes, *, source: str, limits: ParseLimits) -> Any:
+    """The document as yaml.safe_load reads it, but refused (ConfigError, naming the limit)
+    as soon as it is over `limits` in aliases, what they expand to, or depth."""
+    loader = _CLoader(document, limits) if yaml.__with_libyaml__ else _Loader(document, limits)
     try:
-        raw: Any = yaml.safe_load(document)
+        node = loader.get_single_node()
+        return None if node is None else loader.construct_document(node)
+    except _TooComplex as exc:
+        raise ConfigError(f"{source}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    except (ValueError, OverflowError) as exc:
+        # A value the safe constructor cannot build (an int of more than 4,300 digits).
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    finally:
+        loader.dispose()
+
+
+# Problems listed in a ConfigError; the rest are counted.
+_MAX_PROBLEMS = 20
+
+
+def parse_config(
+    document: str | bytes, *, source: str = "config", limits: ParseLimits = ParseLimits()
+) -> RoutingConfig:
+    """Parse and validate a YAML (or JSON) routing document.
+
+    Raises ConfigError with the problems found (the first 20, and how many more), each
+    naming its field path. A document over `limits` is refused first, with the limit it
+    broke; the work done is bounded by them.
+    """
+    data = document.encode(errors="surrogatepass") if isinstance(document, str) else document
+    limits.check_size(len(data), source=source)
+    raw = load_yaml(document, source=source, limits=limits)
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{source}: expected a mapping at the top level, got {type(raw).__name__}"
@@ -421,17 +572,32 @@ def parse_config(document: str | bytes, *, source: str = "config") -> RoutingCon
     try:
         return RoutingConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
+        errors = exc.errors()
+        problems = [
             f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ConfigError(f"{source}: {problems}") from exc
+            for err in errors[:_MAX_PROBLEMS]
+        ]
+        if len(errors) > _MAX_PROBLEMS:
+            problems.append(f"and {len(errors) - _MAX_PROBLEMS} more problems")
+        raise ConfigError(f"{source}: {'; '.join(problems)}") from exc
 
 
-def load_config(path: Path) -> RoutingConfig:
-    """Read and validate the routing document at `path`."""
+def read_document(path: Path, *, limits: ParseLimits = ParseLimits()) -> bytes:
+    """The bytes of the file at `path`. Raises ConfigError when it cannot be read or is over
+    `limits.max_bytes`, checked before reading (and while reading: the file may grow)."""
     try:
-        document = path.read_bytes()
+        with path.open("rb") as file:
+            limits.check_size(os.fstat(file.fileno()).st_size, source=str(path))
+            document = file.read(limits.max_bytes + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
-    return parse_config(document, source=str(path))
+    if len(document) > limits.max_bytes:
+        raise ConfigError(
+            f"{path}: refused: over the limit of {limits.max_bytes} bytes (it grew while read)"
+        )
+    return document
+
+
+def load_config(path: Path, *, limits: ParseLimits = ParseLimits()) -> RoutingConfig:
+    """Read and validate the routing document at `path` (see `read_document`)."""
+    return parse_config(read_document(path, limits=limits), source=str(path), limits=limits)

@@ -4,7 +4,11 @@ Watching the object rather than reading a mounted file applies a change within a
 the update instead of after the kubelet's sync period (a minute or more), and lets the
 server answer on the object itself: an invalid document gets a Warning Event on the
 ConfigMap (`kubectl describe configmap` shows it beside the change that caused it), while
-the last good config stays in force; a valid one gets a Normal Event.
+the last good config stays in force; a valid one gets a Normal Event, and a Warning Event
+too when it leaves a pool without endpoints (`config_document.warn_empty_pools`).
+
+The document is parsed in a child process (`config_document.parse_in_child`), bounded in
+size, aliases and time, so that no document can stall the event loop.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ from typing import Any
 
 import kubernetes
 
-from xds_server.config import RoutingConfig, parse_config
+from xds_server.config import ParseLimits, RoutingConfig
 from xds_server.errors import ConfigError
 from xds_server.settings import WatchSettings
+from xds_server.sources.config_document import PARSE_TIMEOUT_S, parse_in_child, warn_empty_pools
 from xds_server.sources.kubernetes.events import EventRecorder
 from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher, watch_options
+from xds_server.telemetry import Telemetry
 from xds_server.telemetry.kubernetes import KubernetesTelemetry
 
 __all__ = ["CONFIG_KEY", "watch_configmap"]
@@ -31,14 +37,20 @@ logger = logging.getLogger(__name__)
 # The ConfigMap key holding the routing document.
 CONFIG_KEY = "config.yaml"
 
+_LIMITS = ParseLimits()
 
-def _read(configmap: Mapping[str, Any] | None, *, source: str) -> RoutingConfig:
+
+async def _read(
+    configmap: Mapping[str, Any] | None, *, source: str, limits: ParseLimits, timeout_s: float
+) -> RoutingConfig:
     if configmap is None:
         raise ConfigError(f"{source}: not found")
     document = (configmap.get("data") or {}).get(CONFIG_KEY)
     if document is None:
         raise ConfigError(f"{source}: has no key {CONFIG_KEY!r}")
-    return parse_config(document, source=source)
+    if not isinstance(document, str):
+        raise ConfigError(f"{source}: key {CONFIG_KEY!r} is not a string")
+    return await parse_in_child(document, source=source, limits=limits, timeout_s=timeout_s)
 
 
 async def watch_configmap(
@@ -49,9 +61,14 @@ async def watch_configmap(
     events: EventRecorder,
     telemetry: KubernetesTelemetry | None = None,
     watch: WatchSettings | None = None,
+    limits: ParseLimits = _LIMITS,
+    parse_timeout_s: float = PARSE_TIMEOUT_S,
+    server_telemetry: Telemetry | None = None,
 ) -> AsyncIterator[RoutingConfig | ConfigError]:
     """Yield the parsed config once the ConfigMap is listed and after every change of its
-    content; errors are yielded (and recorded as Events), not raised."""
+    content; errors are yielded (and recorded as Events), not raised. A config that leaves
+    a pool without endpoints is yielded after a Warning Event (counted in
+    `server_telemetry`)."""
     source = f"ConfigMap {namespace}/{name}"
     changed = asyncio.Event()
     watcher = ResourceWatcher(
@@ -82,7 +99,9 @@ async def watch_configmap(
                 continue
             last_digest = digest
             try:
-                config = _read(configmap, source=source)
+                config = await _read(
+                    configmap, source=source, limits=limits, timeout_s=parse_timeout_s
+                )
             except ConfigError as exc:
                 if configmap is not None:
                     await events.record(
@@ -97,6 +116,15 @@ async def watch_configmap(
                     message="Routing config is valid; applying it.",
                     type="Normal",
                 )
+                warning = warn_empty_pools(
+                    config, source=source, selectors_followed=True, telemetry=server_telemetry
+                )
+                if warning is not None:
+                    await events.record(
+                        involved=configmap,
+                        reason="PoolWithoutEndpoints",
+                        message=warning,
+                    )
                 yield config
     finally:
         task.cancel()
