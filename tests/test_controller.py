@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from xds_server.config import Band, RoutingConfig, parse_config
-from xds_server.controller import Controller, LoadSource
+from xds_server.controller import LOAD_DECISION_GAP_S, Controller, LoadSource
 from xds_server.envoy.names import band_clusters, long_prompt_clusters
 from xds_server.errors import ConfigError
 from xds_server.policy.admission import BandLoad
@@ -330,5 +330,32 @@ async def test_a_pod_that_never_answers_delays_the_first_snapshot_only_briefly()
         assert await asyncio.wait_for(controller.settled(), 5) is not None
         # A scrape timeout and an interval (1.25 s), and at most one interval more.
         assert 1.25 <= loop.time() - started <= 1.6
+    finally:
+        task.cancel()
+
+
+@pytest.mark.looptime
+async def test_decisions_due_to_load_come_at_most_every_50_ms() -> None:
+    """However often load changes are reported (an Envoy toggling long prompts), Envoys
+    are not pushed more often than LOAD_DECISION_GAP_S."""
+    telemetry, cache = Telemetry(), SnapshotCache()
+    load = FakeLoad({})
+    pods = {
+        key: PodSignals(silent_s=0.1, waiting=0, running=2)
+        for key in ("10.0.0.1:8000", "10.0.0.2:8000")
+    }
+    controller = Controller(cache=cache, telemetry=telemetry, signals=lambda now: pods, load=load)
+    task = asyncio.create_task(controller.run())
+    try:
+        controller.submit(parse_config(LONG_PROMPTS))
+        await asyncio.wait_for(controller.settled(), 2)
+        pushes = 0
+        for i in range(200):  # every 5 ms for 1 s; a long prompt on for 35 ms, off for 35
+            load.long_prompts = {"10.0.0.2:8000": 1} if (i // 7) % 2 else {}
+            before = controller.snapshot
+            controller.load_changed({"pool/long"})
+            await asyncio.sleep(0.005)
+            pushes += controller.snapshot is not before
+        assert 5 <= pushes <= 1.0 / LOAD_DECISION_GAP_S + 2
     finally:
         task.cancel()

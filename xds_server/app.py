@@ -267,6 +267,10 @@ class XdsApplication:
                 ("grpc.keepalive_timeout_ms", int(s.keepalive_timeout_s * 1000)),
                 ("grpc.http2.min_ping_interval_without_data_ms", 5000),
                 ("grpc.max_send_message_length", 256 * 1024 * 1024),
+                # What one client may send: a message (gRPC's default, stated), and streams
+                # at once on one connection (an Envoy opens three: ADS, LRS, ALS).
+                ("grpc.max_receive_message_length", 4 * 1024 * 1024),
+                ("grpc.max_concurrent_streams", 16),
             ]
         )
         server.add_generic_rpc_handlers(

@@ -170,7 +170,10 @@ class Controller:
         if any(c in clusters for p in config.pools for c in names.long_prompt_clusters(config, p)):
             # At once, but at most every LOAD_DECISION_GAP_S: a stream of load changes
             # (however many Envoys report them) cannot push Envoys more often than that.
+            # A decision due by then reads the latest load: nothing more to schedule.
             at = max(self._clock(), self._last_load_decision + LOAD_DECISION_GAP_S)
+            if self._dirty_since is not None and self._deadline <= at:
+                return
             self._last_load_decision = at
             self._schedule(extend=False, now=True, at=at)
 
@@ -223,7 +226,9 @@ class Controller:
                 self.metrics_changed()
             self._wake.clear()
             # The deadline may move while we sleep (a debounced config change extends it).
-            while (delay := self._deadline - self._clock()) > 0:  # noqa: ASYNC110
+            # Within a millisecond is on time: a clock that rounds (looptime's) could
+            # otherwise keep a sub-resolution remainder forever.
+            while (delay := self._deadline - self._clock()) > 0.001:  # noqa: ASYNC110
                 await asyncio.sleep(delay)
             self._apply()
 

@@ -69,6 +69,18 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.admin_port}"
 
     @property
+    def pid(self) -> int:
+        assert self._process is not None, "not started"
+        return self._process.pid
+
+    def rss_bytes(self) -> int:
+        """The process's resident memory now (Linux /proc)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS for process {self.pid}")
+
+    @property
     def debug_url(self) -> str:
         return f"http://127.0.0.1:{self.debug_port}"
 

@@ -80,11 +80,12 @@ def test_load_keyed_by_pool_cuts_long_prompts_and_sets_band_limits() -> None:
     decision, _ = decide(inputs, PolicyMemory())
     assert _weights(decision)[A] == MAX_WEIGHT
     assert _weights(decision)[B] < MAX_WEIGHT / 50
-    # Capacity 20: Standard may take 20 - 4, Sheddable 20 - 10, over the fleet; the Envoy
-    # with the demand gets all but the idle one's floor.
+    # Capacity 20: Standard may take 20 - 4, Sheddable 20 - 10, over the fleet. Of the 14
+    # places beyond the floors, "busy" asks for 8 (6 in flight, 4/s over 0.5 s): it gets
+    # those, and the 6 nobody asks for are shared evenly.
     gpu = decision.admissions["gpu"]
     assert (gpu.budget["standard"], gpu.budget["sheddable"]) == (16, 10)
-    assert gpu.limits_of("busy")["standard"] == 15 and gpu.limits_of("idle")["standard"] == 1
+    assert gpu.limits_of("busy")["standard"] == 12 and gpu.limits_of("idle")["standard"] == 4
     # A pool nobody reported on is admitted on its capacity alone.
     assert decision.admissions["plain"].budget["standard"] == 10
 

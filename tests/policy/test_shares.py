@@ -25,6 +25,18 @@ def test_all_traffic_through_one_envoy_gets_the_budget_but_the_others_floor() ->
     assert limits == {"busy": 11, "idle": 1}
 
 
+def test_places_no_demand_asks_for_are_shared_evenly() -> None:
+    """A pool with room to spare: the quiet Envoy gets half of what nobody asks for, not
+    only its floor, so its next requests are not refused."""
+    limits = split_budget(
+        20,
+        {"busy": EnvoyDemand(in_flight=2), "quiet": EnvoyDemand()},
+        floor=1,
+        horizon_s=1.0,
+    )
+    assert limits == {"busy": 11, "quiet": 9}
+
+
 def test_an_envoy_over_its_target_drains_before_the_others_lose_their_places() -> None:
     # "old" holds the whole budget; "new" now has all the demand. Nothing held is taken
     # back: "old" may start nothing until it drains to its target (its floor) ...

@@ -80,5 +80,9 @@ class PeeringServer:
                     yield body
                     last, sent_at = body, loop.time()
                 await asyncio.sleep(self._interval_s)
+        except asyncio.CancelledError:
+            # The server is stopping, or the peer went away: the stream just ends (grpc
+            # would log a cancelled handler as an unhandled error).
+            return
         finally:
             logger.info("Peer %r stopped watching this replica's load.", peer)

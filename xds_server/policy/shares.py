@@ -5,7 +5,8 @@ Envoy of the fleet, and each Envoy's circuit breaker enforces its own part. Spli
 evenly (B / N) refuses requests at an Envoy whose clients are busy while another sits on
 places it does not use; so each Envoy's *target* follows its recent demand (its requests in
 flight, plus what it sent or refused over the horizon), after a floor every Envoy keeps so
-that one whose traffic starts can start at once.
+that one whose traffic starts can start at once; places that no demand asks for are
+shared evenly (a pool with room to spare refuses nobody for being quiet a moment ago).
 
 Targets alone would over-admit: an admitted request cannot be taken back, so an Envoy
 whose target shrinks below what it holds keeps holding it until those requests finish,
@@ -78,9 +79,12 @@ def split_budget(
     demand = {
         node: d.in_flight + max(0.0, d.arrivals_per_s) * horizon_s for node, d in envoys.items()
     }
-    targets = {
-        node: base + part for node, part in apportion(budget - base * len(envoys), demand).items()
-    }
+    rest = budget - base * len(envoys)
+    # Places no demand asks for are shared evenly: an Envoy whose traffic is about to
+    # grow finds room, and only a budget that demand exceeds is split by demand alone.
+    slack = max(0.0, rest - sum(demand.values())) / len(envoys)
+    weights = {node: d + slack for node, d in demand.items()}
+    targets = {node: base + part for node, part in apportion(rest, weights).items()}
     held = {node: max(0, d.in_flight) for node, d in envoys.items()}
     free = budget - sum(held.values())
     deficits = {node: targets[node] - held[node] for node in envoys if held[node] < targets[node]}

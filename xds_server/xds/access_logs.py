@@ -30,10 +30,11 @@ load_stats.py; `AccessLogServer` only moves messages.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Set
+from collections.abc import AsyncIterator, Callable, Iterable, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ALS_SERVICE = "envoy.service.accesslog.v3.AccessLogService"
+# Log entries applied between two turns of the event loop.
+_ENTRIES_PER_SLICE = 100
 
 
 @dataclass(frozen=True)
@@ -215,6 +218,11 @@ class AccessLogStream:
 
     def receive(self, message: als_pb2.StreamAccessLogsMessage) -> None:
         """Apply one message."""
+        self.identify(message)
+        self.log(message.http_logs.log_entry)
+
+    def identify(self, message: als_pb2.StreamAccessLogsMessage) -> None:
+        """Take the node from the stream's first message."""
         if self.node_id is None:
             self.node_id = message.identifier.node.id
             self._prompts.open(self.stream_id, self.node_id)
@@ -222,7 +230,10 @@ class AccessLogStream:
                 "Node %r opened access log stream %d (log %r).",
                 self.node_id, self.stream_id, message.identifier.log_name,
             )  # fmt: skip
-        for entry in message.http_logs.log_entry:
+
+    def log(self, entries: Iterable[accesslog_pb2.HTTPAccessLogEntry]) -> None:
+        """Apply log entries of the identified stream."""
+        for entry in entries:
             dropped = self._prompts.logged(self.stream_id, entry)
             if dropped is not None:
                 self._telemetry.als_dropped_entries.labels(dropped).inc()
@@ -277,7 +288,12 @@ class AccessLogServer:
                 if stream.node_id is None and self._authenticator is not None:
                     node_id = message.identifier.node.id
                     await self._authenticator.admit_envoy(context, node_id=node_id, service="als")
-                stream.receive(message)
+                stream.identify(message)
+                # A slice at a time, so that a huge message cannot hold the event loop.
+                entries = message.http_logs.log_entry
+                for start in range(0, len(entries), _ENTRIES_PER_SLICE):
+                    stream.log(entries[start : start + _ENTRIES_PER_SLICE])
+                    await asyncio.sleep(0)
         finally:
             stream.close()
             self._telemetry.als_streams.dec()
