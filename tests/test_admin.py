@@ -200,3 +200,17 @@ async def test_kill_closes_everything_and_frees_the_port_at_once(tmp_path: Path)
     again = ServerSettings(config_path=path, xds_port=app.xds_port, admin_port=0)
     async with XdsApplication(again) as restarted:
         assert restarted.xds_port == app.xds_port
+
+
+async def test_a_pool_left_without_endpoints_is_counted_on_the_servers_metrics(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("pools: [{name: empty, models: [m]}]")
+    settings = ServerSettings(config_path=path, xds_port=0, admin_port=0)
+    async with XdsApplication(settings) as app:
+        await app.wait_ready(within_s=20)
+        warnings = app.telemetry.registry.get_sample_value(
+            "xds_config_warnings_total", {"reason": "pool_without_endpoints"}
+        )
+        assert warnings == 1

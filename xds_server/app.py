@@ -339,6 +339,7 @@ class XdsApplication:
             self.settings,
             kubernetes_api=self._kubernetes_api,
             telemetry=self._kubernetes_telemetry,
+            server_telemetry=self.telemetry,
         )
         async for item in documents:
             if isinstance(item, ConfigError):
