@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
+from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
@@ -14,6 +16,7 @@ from tests.envoy.static_bootstrap import hcm_of
 from xds_server.config import RoutingConfig
 from xds_server.envoy import build_listeners, names
 from xds_server.envoy.listeners import (
+    EARLY_REPLIES,
     GRPC_ACCESS_LOG,
     HCM_FILTER,
     HEADER_MUTATION_FILTER,
@@ -120,9 +123,16 @@ def test_content_type_regex() -> None:
         assert not re.fullmatch(JSON_CONTENT_TYPES, refused), refused
 
 
+def _mappers(config: RoutingConfig) -> tuple[Any, list[Any], Any, list[Any]]:
+    """The local reply mappers in their groups: the 413, those by response flag, the one
+    that keeps the routes' own bodies, and those of replies made before the filters."""
+    too_large, *rest = hcm_of(build_listeners(config)[0]).local_reply_config.mappers
+    count = next(i for i, m in enumerate(rest) if not m.filter.HasField("response_flag_filter"))
+    return too_large, rest[:count], rest[count], rest[count + 1 :]
+
+
 def test_envoy_made_errors_are_json(config: RoutingConfig) -> None:
-    hcm = hcm_of(build_listeners(config)[0])
-    too_large, *flagged = hcm.local_reply_config.mappers
+    too_large, flagged, _, _ = _mappers(config)
     assert too_large.filter.status_code_filter.comparison.value.default_value == 413
     error = too_large.body_format_override.json_format["error"]
     assert error["code"] == "request_too_large"
@@ -151,6 +161,53 @@ def test_envoy_made_errors_are_json(config: RoutingConfig) -> None:
     for flags in (("UO",), ("UF", "UC", "UR", "URX", "LR")):
         assert waits[flags] == [("retry-after", "1")]
     assert waits[("UH",)] == waits[("UT",)] == waits[("NR",)] == []
+
+
+def test_the_routes_direct_responses_keep_their_bodies(config: RoutingConfig) -> None:
+    # Every route that answers itself matches once json_to_metadata wrote `llm:model`
+    # (routes.py): a mapper on that, without overrides, stops the ones after it.
+    _, _, keep, _ = _mappers(config)
+    metadata = keep.filter.metadata_filter
+    assert metadata.matcher.filter == names.METADATA_NAMESPACE
+    assert [p.key for p in metadata.matcher.path] == [names.MODEL_KEY]
+    assert metadata.matcher.value.present_match
+    assert metadata.HasField("match_if_key_not_found")
+    assert not metadata.match_if_key_not_found.value
+    for override in ("status_code", "body", "body_format_override"):
+        assert not keep.HasField(override), override
+    assert not keep.headers_to_add
+
+
+def test_replies_made_before_the_filters_are_json_by_status(config: RoutingConfig) -> None:
+    _, _, _, early = _mappers(config)
+    *by_status, anything = early
+    codes = {
+        m.filter.status_code_filter.comparison.value.default_value: (
+            m.body_format_override.json_format["error"]
+        )
+        for m in by_status
+    }
+    assert {status: e["code"] for status, e in codes.items()} == {
+        status: code for status, (code, _) in EARLY_REPLIES.items()
+    }
+    assert set(EARLY_REPLIES) >= {400, 404, 426, 431}
+    assert all(
+        m.filter.status_code_filter.comparison.op == accesslog_pb2.ComparisonFilter.EQ
+        for m in by_status
+    )
+    for status, error in codes.items():
+        assert error["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+        assert error["param"] is None
+        assert "%RESPONSE_CODE_DETAILS%" in error["message"]
+    assert not [m for m in by_status if m.HasField("status_code")]
+    # Any other status keeps its status and says Envoy's reason.
+    comparison = anything.filter.status_code_filter.comparison
+    assert (comparison.op, comparison.value.default_value) == (
+        accesslog_pb2.ComparisonFilter.GE,
+        0,
+    )
+    error = anything.body_format_override.json_format["error"]
+    assert (error["code"], error["message"]) == ("gateway_error", "%RESPONSE_CODE_DETAILS%")
 
 
 def test_ipv6_any_address_accepts_ipv4(config: RoutingConfig) -> None:

@@ -22,6 +22,15 @@ def _routes(config: RoutingConfig) -> list[Any]:
     return list(virtual_host.routes)
 
 
+# The routes of the paths Envoy answers itself (routes.py docstring, 0 and 8).
+PATH_ROUTE_PREFIXES = ("models/", "error/unknown_model_id", "error/method_not_allowed/")
+
+
+def _model_routes(config: RoutingConfig) -> list[Any]:
+    """The routes but those of the paths Envoy answers itself: 1-7, 9 and 10 of routes.py."""
+    return [r for r in _routes(config) if not r.name.startswith(PATH_ROUTE_PREFIXES)]
+
+
 def _metadata_value(route: Any) -> Any:
     (matcher,) = route.match.dynamic_metadata
     assert matcher.filter == names.METADATA_NAMESPACE
@@ -43,16 +52,27 @@ def test_one_route_config_with_one_catch_all_virtual_host(config: RoutingConfig)
 def test_route_order(config: RoutingConfig) -> None:
     models = ("model-a", "org/Model-A.2", "50%-model", "model-e")
     kinds = ("model", "header")
+    retrieve = ["50%25-model", "model-a", "model-e", "org%2FModel-A.2", "org/Model-A.2"]
     assert [r.name for r in _routes(config)] == [
+        "error/method_not_allowed/v1/chat/completions",
+        "error/method_not_allowed/v1/completions",
         *(f"{lane}{kind}/{m}" for kind in kinds for m in models for lane in ("long-", "")),
         "error/unknown_header_model",
         "error/missing_model",
         "error/invalid_body",
         "error/unknown_model",
         "error/model_not_string",
+        "models/list",
+        *(f"models/retrieve/{segment}" for segment in retrieve),
+        "error/unknown_model_id",
+        "error/method_not_allowed/v1/models",
+        "error/method_not_allowed/v1/models/",
+        "error/not_found",
         "unrouted",
     ]
-    assert all(r.match.prefix == "/" for r in _routes(config))
+    # Routes 1-7 take the forwarded paths only.
+    for route in _model_routes(config)[:-2]:
+        assert route.match.safe_regex.regex == "/v1/chat/completions|/v1/completions"
 
 
 def test_long_prompts_route_to_the_pools_long_prompt_cluster(config: RoutingConfig) -> None:
@@ -118,7 +138,7 @@ def test_timeout_is_disabled_by_default(config: RoutingConfig) -> None:
 
 def test_timeout_from_config(config: RoutingConfig) -> None:
     listener = config.listener.model_copy(update={"request_timeout_s": 90.5})
-    routes = _routes(config.model_copy(update={"listener": listener}))
+    routes = _model_routes(config.model_copy(update={"listener": listener}))
     assert routes[0].route.timeout.seconds == 90
     assert routes[0].route.timeout.nanos == 500_000_000
 
@@ -168,6 +188,7 @@ def test_headers_only_route_forwards_to_a_cluster_that_never_exists(
     # only a forwarding route has one (routes.py docstring).
     route = _routes(config)[-1]
     assert not route.match.dynamic_metadata and not route.match.headers
+    assert route.match.prefix == "/"
     assert route.route.cluster == names.UNROUTED_CLUSTER
     assert route.route.cluster_not_found_response_code == (rc_pb2.RouteAction.INTERNAL_SERVER_ERROR)
     assert route.route.cluster not in {p.name for p in config.pools}
@@ -212,9 +233,9 @@ def test_affinity_route_order(affinity_config: RoutingConfig) -> None:
         # `rr` is round robin: no metrics weights, so no long-prompt lane.
         expected += [f"{kind}/rr-model", f"{kind}/rr-lora", f"long-{kind}/plain-model"]
         expected += [f"{kind}/plain-model"]
-    names_ = [r.name for r in _routes(affinity_config)]
+    names_ = [r.name for r in _model_routes(affinity_config)]
     assert names_[: len(expected)] == expected
-    assert names_[len(expected) :] == [r.name for r in _routes(affinity_config)[-6:]]
+    assert names_[len(expected) :] == [r.name for r in _model_routes(affinity_config)[-7:]]
     assert names_[-1] == "unrouted"
 
 
@@ -327,7 +348,7 @@ model_rewrites:
       - {model: plain-model, weight: 0}
 """
     )
-    routes = _routes(config)
+    routes = _model_routes(config)
     assert [r.name for r in routes[:1]] == ["split-model/base"]
     # The rewritten model has no other route (its session routes included).
     assert not [r.name for r in routes if r.name.endswith("/base") and "split" not in r.name]

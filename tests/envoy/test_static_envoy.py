@@ -130,12 +130,14 @@ async def test_header_routes_when_the_body_has_no_model(stack: Stack) -> None:
     assert status == 200
     assert headers[BACKEND_ID_HEADER] == "b1"
     # A request without a body (and without a content-type) routes by header too.
-    async with stack.http.get(
-        stack.url + "/v1/models", headers={MODEL_HEADER: "model-b"}
+    async with stack.http.post(
+        stack.url + "/v1/completions",
+        headers={MODEL_HEADER: "model-b"},
+        skip_auto_headers=["content-type"],
     ) as response:
-        assert response.status == 200
         assert response.headers[BACKEND_ID_HEADER] == "b1"
-        assert stack.b1.last_request.path == "/v1/models"
+        assert stack.b1.last_request.path == "/v1/completions"
+        assert stack.b1.last_request.body_size == 0
 
 
 async def test_the_body_wins_over_the_header(stack: Stack) -> None:
@@ -164,7 +166,9 @@ async def test_a_missing_model_is_a_400(stack: Stack) -> None:
     assert error["type"] == "invalid_request_error"
     assert error["param"] == "model"
     # No body at all, and no header.
-    async with stack.http.get(stack.url + "/v1/models") as response:
+    async with stack.http.post(
+        stack.url + "/v1/chat/completions", skip_auto_headers=["content-type"]
+    ) as response:
         assert response.status == 400
         error = _error(response.status, dict(response.headers), await response.read())
         assert error["code"] == "missing_model"

@@ -39,6 +39,24 @@ route's metadata (`%METADATA(ROUTE:llm:retry_after_s)%`, routes.py): verified on
 so Retry-After follows the policy through RDS without a listener update (which would drain
 connections).
 
+The routes' own direct responses (the model list, the 404 of a path not served, the 405s,
+the refusals of a model: routes.py) keep the bodies the routes give them. Every route that
+answers itself matches only once json_to_metadata wrote `llm:model`, and a mapper on that
+key, with nothing to override, comes before the mappers by status: the first match wins.
+
+What remains is refused before the filters read the request, and gets a JSON body by
+status (EARLY_REPLIES), Envoy's reason (`%RESPONSE_CODE_DETAILS%`) in its message: the
+HTTP/1 codec's 400 (not HTTP, an unknown method), 431 (headers over
+`max_request_headers_kb`, 60 KiB, or over 100 of them), 426 (HTTP/1.0) and 501 (a
+transfer-encoding other than chunked); the connection manager's 400 (no Host, a fragment
+in the path), 403 (an Upgrade: none is configured) and 404 (`*` as the request target);
+any other status `gateway_error`. Verified on Envoy 1.40 (raw requests,
+tests/e2e/test_closed_path.py). The codec's replies carry the flag DPE in the access log,
+but it is set after the mappers ran: matching them by flag finds nothing. Out of reach:
+over HTTP/2 the same limits send no response at all (Envoy 1.40 closed the connection on
+a 70 KB header and reset the stream, INTERNAL_ERROR, on 150 headers), so there is no
+body to make JSON.
+
 Routes come over RDS on the ADS stream, so a route change never touches the listener
 (a listener update drains its connections).
 """
@@ -58,7 +76,7 @@ from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
-from envoy.type.matcher.v3 import regex_pb2
+from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, value_pb2
 from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
@@ -66,6 +84,7 @@ from xds_server.config import RoutingConfig
 from xds_server.envoy import _error_bodies, _protos, names
 
 __all__ = [
+    "EARLY_REPLIES",
     "GRPC_ACCESS_LOG",
     "HCM_FILTER",
     "HEADER_MUTATION_FILTER",
@@ -97,6 +116,23 @@ LONG_PROMPT_LOG_INTERVAL_S = 0.1
 # already tried other pods, and the server takes a failed pod out within a scrape interval.
 RETRY_AFTER_HEADER = "retry-after"
 UNAVAILABLE_RETRY_AFTER_S = 1
+
+# Envoy's reason for a reply it made itself (`http1.headers_too_large`, ...).
+_DETAILS = "%RESPONSE_CODE_DETAILS%"
+
+# The replies Envoy makes before its filters read a request, by status: their `code`
+# and message (module docstring). Any other status gets `gateway_error`.
+EARLY_REPLIES: dict[int, tuple[str, str]] = {
+    400: ("bad_request", f"The request is not valid HTTP ({_DETAILS})."),
+    403: ("forbidden", f"The gateway serves no protocol upgrade such as WebSocket ({_DETAILS})."),
+    404: ("not_found", f"No resource is served at this request target ({_DETAILS})."),
+    426: ("upgrade_required", f"Use HTTP/1.1 or HTTP/2 ({_DETAILS})."),
+    431: (
+        "request_header_fields_too_large",
+        f"The request headers are too large or too many ({_DETAILS}).",
+    ),
+    501: ("not_implemented", f"The request's framing is not supported ({_DETAILS})."),
+}
 
 # RE2, matched against the whole content-type. Without it json_to_metadata accepts only
 # the exact string `application/json` and treats `application/json; charset=utf-8` as an
@@ -245,8 +281,9 @@ def _json_to_metadata(sessions: bool) -> _Any:
         request_rules=jtm.MatchRules(
             rules=rules,
             allow_content_types_regex=regex_pb2.RegexMatcher(regex=JSON_CONTENT_TYPES),
-            # A request without a body (GET /v1/models) usually has no content-type: let
-            # it count as "no model" so the model header can still route it.
+            # A request without a body usually has no content-type: let it count as "no
+            # model", so the model header can still route it (and GET /v1/models is
+            # answered: every route waits for `llm:model`, routes.py).
             allow_empty_content_type=True,
         )
     )
@@ -305,8 +342,47 @@ def _local_replies(config: RoutingConfig) -> _Any:
         _flagged(["NR"], code="no_route", message="No route serves this request."),
         # Anything else Envoy refuses itself keeps its status and says why.
         _flagged([], code="gateway_error", message="%LOCAL_REPLY_BODY%"),
+        # The routes' own direct responses (routes.py) keep their bodies: json_to_metadata
+        # has written `llm:model` for every request a route answers. A mapper without
+        # overrides changes nothing, and the first match wins.
+        hcm_pb2.ResponseMapper(filter=_model_read()),
     ]
+    # What is left is refused before the filters read the request: by the codec (its
+    # flag DPE is set only after the mappers ran, so these are told by status) or by the
+    # connection manager (no Host, a fragment, an Upgrade, `*` as the path).
+    mappers += [
+        _early(status, code=code, message=message)
+        for status, (code, message) in sorted(EARLY_REPLIES.items())
+    ]
+    mappers.append(_early(None, code="gateway_error", message=_DETAILS))
     return hcm_pb2.LocalReplyConfig(mappers=mappers)
+
+
+def _model_read() -> _Any:
+    """The local replies to requests json_to_metadata has read (`llm:model` is set)."""
+    return accesslog_pb2.AccessLogFilter(
+        metadata_filter=accesslog_pb2.MetadataFilter(
+            matcher=metadata_pb2.MetadataMatcher(
+                filter=names.METADATA_NAMESPACE,
+                path=[metadata_pb2.MetadataMatcher.PathSegment(key=names.MODEL_KEY)],
+                value=value_pb2.ValueMatcher(present_match=True),
+            ),
+            match_if_key_not_found=wrappers_pb2.BoolValue(value=False),
+        )
+    )
+
+
+def _early(status: int | None, *, code: str, message: str) -> _Any:
+    """A mapper for the replies of `status` (any when None) made before the filters ran:
+    the status kept, a JSON body with `code`."""
+    error_type = names.ERROR_TYPE if status is not None and status < 500 else "server_error"
+    body = _error_bodies.error_format(message=message, code=code, param=None, error_type=error_type)
+    if status is None:
+        any_status = accesslog_pb2.AccessLogFilter(
+            status_code_filter=_status_comparison(accesslog_pb2.ComparisonFilter.GE, 0)
+        )
+        return hcm_pb2.ResponseMapper(filter=any_status, body_format_override=body)
+    return hcm_pb2.ResponseMapper(filter=_status_filter(status), body_format_override=body)
 
 
 def _flagged(
@@ -361,12 +437,16 @@ def _band_full() -> _Any:
 
 def _status_filter(status: int) -> _Any:
     return accesslog_pb2.AccessLogFilter(
-        status_code_filter=accesslog_pb2.StatusCodeFilter(
-            comparison=accesslog_pb2.ComparisonFilter(
-                op=accesslog_pb2.ComparisonFilter.EQ,
-                value=base_pb2.RuntimeUInt32(
-                    default_value=status, runtime_key=f"llm.local_reply.status_{status}"
-                ),
-            )
+        status_code_filter=_status_comparison(accesslog_pb2.ComparisonFilter.EQ, status)
+    )
+
+
+def _status_comparison(op: int, status: int) -> _Any:
+    return accesslog_pb2.StatusCodeFilter(
+        comparison=accesslog_pb2.ComparisonFilter(
+            op=op,
+            value=base_pb2.RuntimeUInt32(
+                default_value=status, runtime_key=f"llm.local_reply.status_{status}"
+            ),
         )
     )

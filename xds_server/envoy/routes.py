@@ -1,10 +1,22 @@
-"""The route table: model name to pool, and OpenAI-style refusals for everything else.
+"""The route table: the paths the gateway serves, model name to pool, and OpenAI-style
+refusals for everything else.
+
+**A closed data path.** Only FORWARDED_PATHS (`POST /v1/chat/completions`,
+`POST /v1/completions`) ever reach a model server, by exact path (the query string aside:
+Envoy matches `path` and `safe_regex` without it; no normalization, so `/v1//completions`,
+`/v1/./completions` or `/v1/chat%2Fcompletions` are other paths). Envoy answers
+`GET /v1/models` and `GET /v1/models/{id}` itself from the config, and everything else
+with a JSON 404: a model server's own `/metrics`, `/health` or admin paths are not
+reachable through the listener, whatever model the request names.
 
 json_to_metadata (listeners.py) leaves the body's `model` in dynamic metadata
 `llm:model`: the JSON value itself, names.MODEL_MISSING when the body has no `model` (or
-there is no body), or names.MODEL_INVALID when the body is not JSON. Routes, first match
-wins:
+there is no body), or names.MODEL_INVALID when the body is not JSON. It writes one of
+these for every request it sees, so every route but the last asks for `llm:model` to be
+there (any value): they match once json_to_metadata has read the request. Routes, first
+match wins:
 
+0. a forwarded path with a method other than POST → 405 `method_not_allowed`, `allow: POST`;
 1. per model M: `llm:model == M` → M's pool (the body names the model);
 2. per model M: `llm:model == MODEL_MISSING` and header `model_header == M` → M's pool
    (the header is used only when the body has no `model`: the body wins);
@@ -13,23 +25,50 @@ wins:
 5. `MODEL_INVALID` → 400 (body not JSON, or not a JSON content-type);
 6. any other string → 404 naming the model;
 7. any other value (number, boolean) → 400 (`model` must be a string);
-8. no metadata at all → the never-existing cluster names.UNROUTED_CLUSTER.
+8. the model paths Envoy answers itself (_model_paths):
+   a. `GET /v1/models` → 200, the model list (_model_objects);
+   b. per model M: `GET /v1/models/<M, percent-encoded>` → 200, M's model object. The
+      id is matched in the two encodings clients send: RFC 3986 `pchar` (the OpenAI SDK's
+      `/` is `%2F`) and the same with `/` left as is (`/v1/models/org/name`);
+   c. `GET /v1/models/<anything else>` → 404 `model_not_found`;
+   d. any other method on `/v1/models` or under it → 405 `method_not_allowed`, `allow: GET`;
+9. any other path → 404 `not_found`, echoing the method and the path as OpenAI does
+   (`Invalid URL (GET /metrics).`);
+10. no metadata at all → the never-existing cluster names.UNROUTED_CLUSTER.
 
-Route 8 is not an error path. The connection manager picks a route from the headers
+Routes 1-7 match FORWARDED_PATHS only (one RE2 alternation of the exact paths), and route
+0 leaves them POSTs. The model paths come after them: Envoy tries routes in order, and a
+completion, the traffic that counts, should not first be compared with two routes per
+model. All direct responses of 0-9 carry `llm:model`, which the local reply mappers
+(listeners.py) use to tell them from the replies Envoy makes before its filters read a
+request.
+
+Route 10 is not an error path. The connection manager picks a route from the headers
 alone, before json_to_metadata has read the body, and the body buffer limit of the
 stream comes from *that* route's entry: a direct_response route has none, so Envoy kept
 its 1 MiB default and answered 413 to larger prompts even with the virtual host's limit
 raised. A forwarding route as the headers-only match carries the virtual host's
 `request_body_buffer_limit`; json_to_metadata then always writes a key, clears the route
-cache, and one of routes 1-7 is chosen. Should it ever not (a bug), the request gets
-Envoy's 500 for a missing cluster instead of reaching a wrong pool.
+cache, and one of routes 0-9 is chosen (for any path: a body over 1 MiB but within the
+limit sent to a path not served gets its 404 too, not a 413). Should it ever not (a bug),
+the request gets Envoy's 500 for a missing cluster instead of reaching a wrong pool.
+
+**Model objects** (OpenAI's `{"id", "object": "model", "created", "owned_by"}`) are
+built from the config alone: every model and LoRA adapter of every pool (`owned_by`: the
+pool; an adapter's `parent`: the pool's first model, its base) and every
+`model_rewrites` name (`owned_by`: the pools it splits to). `created` is MODEL_CREATED,
+a constant: the gateway knows no creation time, and the route config's version is a
+hash of its content, which must agree across restarts and server replicas. The list is
+sorted by id, rendered compactly as JSON into the route config (its size raises
+`max_direct_response_body_size_bytes` above Envoy's 4 KiB default as needed).
 
 Every route to a pool sets names.ROUTED_MODEL_HEADER to the model it was routed by.
 
 **Splits.** A model in `model_rewrites` has, instead of routes 1 and 2, one route each
-(`split-model/M`, `split-header/M`, before all others) with weighted clusters: one per
-target, to the target's pool (its LoRA subset for an adapter), setting
-names.ROUTED_MODEL_HEADER to the target. Envoy picks the target per request by weight.
+(`split-model/M`, `split-header/M`, each first among the routes of its kind) with
+weighted clusters: one per target, to the target's pool (its LoRA subset for an
+adapter), setting names.ROUTED_MODEL_HEADER to the target. Envoy picks the target per
+request by weight.
 
 "Model" above means a pool's models and its LoRA adapters alike. Two refinements:
 
@@ -83,11 +122,14 @@ slowest rather than retrying too soon), and its `pool` lists them.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any as _Any
+from urllib.parse import quote
 
 from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
-from envoy.config.core.v3 import base_pb2
+from envoy.config.core.v3 import base_pb2, substitution_format_string_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
@@ -111,14 +153,43 @@ from xds_server.errors import ResourceBuildError
 from xds_server.policy.admission import PoolAdmission
 
 __all__ = [
+    "FORWARDED_PATHS",
     "MAX_ECHOED_MODEL_CHARS",
+    "MAX_ECHOED_PATH_CHARS",
     "MAX_SESSION_KEY_CHARS",
+    "MODELS_PATH",
+    "MODEL_CREATED",
     "PREVIOUS_HOSTS_PREDICATE",
     "RETRY_ON",
     "SESSION_KEY_REGEX",
     "build_routes",
     "retry_after_of",
 ]
+
+# The allow-list: the only paths a request reaches a model server on, each POST only,
+# matched exactly (module docstring). Another OpenAI path (`/v1/embeddings`,
+# `/v1/responses`) is served once it is added here.
+FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions")
+_FORWARDED_METHOD = "POST"
+
+# Answered by Envoy from the config: the model list, and `MODELS_PATH/<id>` (GET only).
+MODELS_PATH = "/v1/models"
+_MODELS_METHOD = "GET"
+
+# The `created` of every model object: fixed, so that the route config's content hash
+# (its version) is the same on every server replica and after every restart.
+MODEL_CREATED = 0
+
+# Refusals of a path echo the method and the path, truncated like model names.
+MAX_ECHOED_PATH_CHARS = 256
+_MAX_ECHOED_METHOD_CHARS = 32
+
+# RFC 3986 `pchar` besides the unreserved characters, which quote() never encodes: what
+# a path segment may carry unencoded (the OpenAI SDK encodes model ids this way).
+_PCHAR_SAFE = "!$&'()*+,;=:@"
+
+# Envoy's limit on a direct response's `body` when the route config sets none.
+_DEFAULT_DIRECT_RESPONSE_BYTES = 4096
 
 # What a route retries (_add_retries): failures before any response byte came.
 RETRY_ON = "connect-failure,refused-stream,reset"
@@ -179,7 +250,7 @@ def build_routes(
         )
     header = config.listener.model_header
     waits = _RetryAfter(config, retry_after or {})
-    routes = []
+    routes = [_other_methods(path, _FORWARDED_METHOD) for path in FORWARDED_PATHS]
     for kind in ("model", "header"):
         for rewrite in config.model_rewrites:
             match = _by_model(header, rewrite.model, kind=kind)
@@ -207,10 +278,21 @@ def build_routes(
                     route.metadata.CopyFrom(metadata)
                     routes.append(route)
     routes.extend(_refusals(header))
+    routes.extend(_model_paths(config))
+    routes.append(
+        _refusal(
+            name="error/not_found",
+            match=rc_pb2.RouteMatch(prefix="/", dynamic_metadata=[_READ]),
+            status=404,
+            message=f"Invalid URL ({_ECHOED_METHOD} {_ECHOED_PATH}).",
+            code="not_found",
+            param=None,
+        )
+    )
     routes.append(
         rc_pb2.Route(
             name="unrouted",
-            match=_match(),
+            match=rc_pb2.RouteMatch(prefix="/"),
             route=rc_pb2.RouteAction(
                 cluster=names.UNROUTED_CLUSTER,
                 cluster_not_found_response_code=rc_pb2.RouteAction.INTERNAL_SERVER_ERROR,
@@ -231,6 +313,10 @@ def build_routes(
             # Routes may name a pool's cluster before CDS has it, and the unrouted cluster
             # never exists (RDS defaults to false already; inline configs to true).
             validate_clusters=wrappers_pb2.BoolValue(value=False),
+            # The model list grows with the models; Envoy refuses a larger body.
+            max_direct_response_body_size_bytes=wrappers_pb2.UInt32Value(
+                value=max(_DEFAULT_DIRECT_RESPONSE_BYTES, *map(_body_bytes, routes))
+            ),
         )
     ]
 
@@ -300,8 +386,9 @@ def _band_metadata(band: Band, pool: str, retry_after_s: int) -> _Any:
 
 def _split_pools(config: RoutingConfig, rewrite: ModelRewrite) -> list[str]:
     """The pools a split can send to (targets with weight), sorted, each once."""
-    pools = {config.pool_of(t.model) for t in rewrite.targets if t.weight}
-    return sorted(p.name for p in pools if p is not None)
+    # By name: a PoolConfig with a `selector` holds a dict, and cannot be hashed.
+    pools = (config.pool_of(t.model) for t in rewrite.targets if t.weight)
+    return sorted({p.name for p in pools if p is not None})
 
 
 def _by_model(header: str, model: str, *, kind: str) -> _Any:
@@ -522,6 +609,148 @@ def _session_key_to_header() -> _Any:
 
 _SESSION_KEY_TO_HEADER = _session_key_to_header()
 
+# The request's method and path in a refusal's message (escaped by json_format).
+_ECHOED_METHOD = f"%REQ(:METHOD):{_MAX_ECHOED_METHOD_CHARS}%"
+_ECHOED_PATH = f"%REQ(:PATH):{MAX_ECHOED_PATH_CHARS}%"
+
+
+def _model_paths(config: RoutingConfig) -> list[_Any]:
+    """Routes 8a-8d of the module docstring: the model list and each model object, the
+    404 of an unknown model id, and the 405s of other methods."""
+    objects = _model_objects(config)
+    routes = [
+        _document(
+            "models/list",
+            _path_match(path=MODELS_PATH, method=_MODELS_METHOD),
+            {"object": "list", "data": list(objects.values())},
+        )
+    ]
+    for model, document in objects.items():
+        segments = {quote(model, safe=_PCHAR_SAFE), quote(model, safe=_PCHAR_SAFE + "/")}
+        for segment in sorted(segments):
+            path = f"{MODELS_PATH}/{segment}"
+            match = _path_match(path=path, method=_MODELS_METHOD)
+            routes.append(_document(f"models/retrieve/{segment}", match, document))
+    routes.append(
+        _refusal(
+            name="error/unknown_model_id",
+            match=_path_match(prefix=MODELS_PATH + "/", method=_MODELS_METHOD),
+            status=404,
+            message=f"The model requested by `{_ECHOED_METHOD} {_ECHOED_PATH}` does not exist.",
+            code="model_not_found",
+        )
+    )
+    # GET is taken above: any other method.
+    routes.append(_method_not_allowed(MODELS_PATH, _path_match(path=MODELS_PATH), _MODELS_METHOD))
+    under = MODELS_PATH + "/"
+    routes.append(_method_not_allowed(under, _path_match(prefix=under), _MODELS_METHOD))
+    return routes
+
+
+def _model_objects(config: RoutingConfig) -> dict[str, dict[str, _Any]]:
+    """OpenAI's model object of every model a request can name, by id, sorted by id
+    (module docstring)."""
+
+    def model(model_id: str, owned_by: str, parent: str | None = None) -> dict[str, _Any]:
+        document: dict[str, _Any] = {
+            "id": model_id,
+            "object": "model",
+            "created": MODEL_CREATED,
+            "owned_by": owned_by,
+        }
+        if parent is not None:
+            document["parent"] = parent
+        return document
+
+    objects = {}
+    for pool in config.pools:
+        for name in pool.models:
+            objects[name] = model(name, pool.name)
+        for adapter in pool.adapters:
+            objects[adapter] = model(adapter, pool.name, parent=pool.models[0])
+    # A rewritten name is served by its split, even when a pool lists it too.
+    for rewrite in config.model_rewrites:
+        objects[rewrite.model] = model(rewrite.model, " or ".join(_split_pools(config, rewrite)))
+    return dict(sorted(objects.items()))
+
+
+def _document(name: str, match: _Any, document: Mapping[str, _Any]) -> _Any:
+    """A 200 direct response with `document` as its JSON body.
+
+    The JSON is rendered here, once, and sent as the literal `body`, which Envoy does not
+    format (a text format would read the `%` of `50%-model` as an operator); the body
+    format only wraps it, to set the content type.
+    """
+    text = json.dumps(document, separators=(",", ":"))
+    return rc_pb2.Route(
+        name=name,
+        match=match,
+        direct_response=rc_pb2.DirectResponseAction(
+            status=200,
+            body=base_pb2.DataSource(inline_string=text),
+            body_format=substitution_format_string_pb2.SubstitutionFormatString(
+                text_format_source=base_pb2.DataSource(inline_string="%LOCAL_REPLY_BODY%"),
+                content_type="application/json",
+            ),
+        ),
+    )
+
+
+def _body_bytes(route: _Any) -> int:
+    """The size of `route`'s literal direct response body (0 for any other route)."""
+    return len(route.direct_response.body.inline_string.encode())
+
+
+def _other_methods(path: str, allowed: str) -> _Any:
+    """405 for the requests on exactly `path` with any method but `allowed`."""
+    match = _path_match(path=path, method=allowed, invert_method=True)
+    return _method_not_allowed(path, match, allowed)
+
+
+def _method_not_allowed(path: str, match: _Any, allowed: str) -> _Any:
+    """405 with `allow: <allowed>` (RFC 9110 15.5.6) for the requests of `match` (on
+    `path`, which names the route)."""
+    route = _refusal(
+        name=f"error/method_not_allowed{path}",
+        match=match,
+        status=405,
+        message=f"The method {_ECHOED_METHOD} is not allowed on `{_ECHOED_PATH}`; use {allowed}.",
+        code="method_not_allowed",
+        param=None,
+    )
+    route.response_headers_to_add.append(
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key="allow", value=allowed),
+            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+        )
+    )
+    return route
+
+
+def _path_match(
+    *,
+    path: str | None = None,
+    prefix: str | None = None,
+    method: str | None = None,
+    invert_method: bool = False,
+) -> _Any:
+    """The requests for exactly `path` (or any path under `prefix`), with `method` (any
+    other method when `invert_method`), once json_to_metadata has read them."""
+    match = rc_pb2.RouteMatch(dynamic_metadata=[_READ])
+    if path is not None:
+        match.path = path
+    else:
+        match.prefix = prefix or "/"
+    if method is not None:
+        match.headers.append(
+            rc_pb2.HeaderMatcher(
+                name=":method",
+                string_match=string_pb2.StringMatcher(exact=method),
+                invert_match=invert_method,
+            )
+        )
+    return match
+
 
 def _refusals(header: str) -> list[_Any]:
     echoed_header = f"%REQ({header}):{MAX_ECHOED_MODEL_CHARS}%"
@@ -573,19 +802,27 @@ def _refusals(header: str) -> list[_Any]:
     ]
 
 
-def _refusal(*, name: str, match: _Any, status: int, message: str, code: str) -> _Any:
+def _refusal(
+    *, name: str, match: _Any, status: int, message: str, code: str, param: str | None = "model"
+) -> _Any:
+    body = _error_bodies.error_format(message=message, code=code, param=param)
     return rc_pb2.Route(
         name=name,
         match=match,
-        direct_response=rc_pb2.DirectResponseAction(
-            status=status, body_format=_error_bodies.error_format(message=message, code=code)
-        ),
+        direct_response=rc_pb2.DirectResponseAction(status=status, body_format=body),
     )
 
 
+# Routes 1-7 (module docstring): the forwarded paths, exactly, as one RE2 alternation.
+_FORWARDED_REGEX = "|".join(re.escape(path) for path in FORWARDED_PATHS)
+
+
 def _match(*, metadata: _Any | None = None, headers: list[_Any] | None = None) -> _Any:
-    """Any path; `metadata` is a ValueMatcher applied to `llm:model`."""
-    match = rc_pb2.RouteMatch(prefix="/", headers=headers or [])
+    """A forwarded path (FORWARDED_PATHS); `metadata` is a ValueMatcher applied to
+    `llm:model`."""
+    match = rc_pb2.RouteMatch(
+        safe_regex=regex_pb2.RegexMatcher(regex=_FORWARDED_REGEX), headers=headers or []
+    )
     if metadata is not None:
         match.dynamic_metadata.append(_metadata_matcher(names.MODEL_KEY, metadata))
     return match
@@ -607,3 +844,7 @@ def _string(*, exact: str | None = None, regex: str | None = None) -> _Any:
     else:
         matcher = string_pb2.StringMatcher(exact=exact)
     return value_pb2.ValueMatcher(string_match=matcher)
+
+
+# Route matcher: json_to_metadata has read the request (it always writes `llm:model`).
+_READ = _metadata_matcher(names.MODEL_KEY, value_pb2.ValueMatcher(present_match=True))
