@@ -359,3 +359,30 @@ async def test_decisions_due_to_load_come_at_most_every_50_ms() -> None:
         assert 5 <= pushes <= 1.0 / LOAD_DECISION_GAP_S + 2
     finally:
         task.cancel()
+
+
+@pytest.mark.looptime
+async def test_an_internal_error_while_building_keeps_the_last_snapshot_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    telemetry, cache = Telemetry(), SnapshotCache()
+    controller = Controller(cache=cache, telemetry=telemetry)
+    task = asyncio.create_task(controller.run())
+    try:
+        controller.submit(config(1))
+        good = await asyncio.wait_for(controller.settled(), 2)
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("a bug")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(SnapshotBuilder, "build", broken)
+            controller.submit(config(2))
+            await asyncio.sleep(1)
+            assert controller.snapshot is good and "a bug" in (controller.last_error or "")
+        # The controller is still running: the next config is applied.
+        controller.submit(config(3))
+        await asyncio.sleep(1)
+        assert controller.snapshot is not good and not task.done()
+    finally:
+        task.cancel()

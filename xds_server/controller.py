@@ -283,6 +283,13 @@ class Controller:
             self._telemetry.config_reloads.labels("error").inc()
             self.last_error = str(exc)
             return
+        except Exception as exc:  # a bug: say so, keep serving the last snapshot, go on
+            logger.exception(
+                "Internal error while building a snapshot; keeping the last one. Please report."
+            )
+            self._telemetry.config_reloads.labels("error").inc()
+            self.last_error = f"internal error: {exc!r}"
+            return
         own = self._builder.for_envoys(config, decision, snapshot)
         self._built = (config, decision)
         self._telemetry.snapshot_build_duration.observe(time.perf_counter() - started)
