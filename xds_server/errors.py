@@ -7,8 +7,14 @@
     ├── InconsistentSnapshotError  a snapshot that references resources it does not hold
     ├── MetricsError               a pod's metrics could not be had (`kind` says which stage)
     │   ├── MetricsParseError      the page came, but cannot be read (a malformed line in a
-    │   │                          family we need, or a required family missing)
-    │   └── ScrapeError            the page did not come (connect, timeout, HTTP status, body)
+    │   │   │                      family we need, or a required family missing)
+    │   │   ├── PageTooLargeError  more samples or labels of the families we need than
+    │   │   │                      anyone's page has: not read to the end
+    │   │   └── ImplausibleMetricsError  read, but not believed: a value no pod can have
+    │   │                          (NaN, negative, KV use above 1, a KV cache far beyond
+    │   │                          its peers'), named with the bound it broke
+    │   └── ScrapeError            the page did not come (connect, timeout, HTTP status, body,
+    │                              or more bytes than the page cap)
     └── KubernetesError            a Kubernetes API call failed, or no client can be set up
 
 Errors from grpc, aiohttp, yaml and the kubernetes client are translated into these at the
@@ -24,10 +30,12 @@ import enum
 
 __all__ = [
     "ConfigError",
+    "ImplausibleMetricsError",
     "InconsistentSnapshotError",
     "KubernetesError",
     "MetricsError",
     "MetricsParseError",
+    "PageTooLargeError",
     "ResourceBuildError",
     "ScrapeError",
     "ScrapeErrorKind",
@@ -58,8 +66,10 @@ class ScrapeErrorKind(enum.StrEnum):
     CONNECT = "connect"  # refused, reset, unreachable, DNS
     TIMEOUT = "timeout"  # no complete page within the scrape timeout
     HTTP_STATUS = "http_status"  # an answer other than 200
-    BODY = "body"  # the body broke off, was too large, or was not text
+    BODY = "body"  # the body broke off, or was not HTTP
+    TOO_LARGE = "too_large"  # over the page's byte cap, or over the parser's sample caps
     PARSE = "parse"  # a page that is not valid exposition text, or lacks a required family
+    IMPLAUSIBLE = "implausible"  # a value outside physical bounds, or far beyond the peers'
     INTERNAL = "internal"  # a bug on our side; logged with its traceback
 
 
@@ -89,9 +99,30 @@ class MetricsParseError(MetricsError, ValueError):
         self.line = line
 
 
+class PageTooLargeError(MetricsParseError):
+    """A page with more samples, or more labels, of the families read than the parser
+    takes (exposition.py): reading it would cost more than any real pod's page does."""
+
+    kind = ScrapeErrorKind.TOO_LARGE
+
+
+class ImplausibleMetricsError(MetricsParseError):
+    """A page that was read but is not believed: `metric` (the sample name, and the
+    logical metric) has `value`, which breaks `bound` (a phrase: "above the 100000 bound").
+    The page counts as a failed scrape: it never becomes the pod's metrics."""
+
+    kind = ScrapeErrorKind.IMPLAUSIBLE
+
+    def __init__(self, metric: str, value: float, bound: str) -> None:
+        super().__init__(f"{metric} is {value:g}, {bound}: not believed")
+        self.metric = metric
+        self.value = value
+        self.bound = bound
+
+
 class ScrapeError(MetricsError):
     """A metrics page that could not be fetched; `kind` is one of CONNECT, TIMEOUT,
-    HTTP_STATUS or BODY (the scraper translates aiohttp's exceptions into it)."""
+    HTTP_STATUS, BODY or TOO_LARGE (the fetcher translates aiohttp's exceptions into it)."""
 
     def __init__(self, message: str, *, kind: ScrapeErrorKind) -> None:
         super().__init__(message)

@@ -8,8 +8,15 @@ import pytest
 
 from llm_sim.metrics_text import Flavour
 from llm_sim.profiles import H100
-from xds_server.errors import ConfigError, MetricsParseError
+from xds_server.errors import (
+    ConfigError,
+    ImplausibleMetricsError,
+    MetricsParseError,
+    ScrapeErrorKind,
+)
 from xds_server.metrics.engines import (
+    MAX_KV_CAPACITY_TOKENS,
+    MAX_REQUESTS,
     EngineKind,
     LogicalMetric,
     MetricName,
@@ -163,9 +170,8 @@ def test_vllm_older_prefix_cache_counter_names() -> None:
 
 
 def test_odd_values_are_tamed_or_refused() -> None:
-    nan_kv = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN\n'
-    assert engine_adapter("vllm").parse(_vllm(kv=nan_kv)).kv_usage is None
-    over = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 1.02\n'
+    # Within 1% above 1 is rounding: clamped. "None" for the cache size: unknown.
+    over = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 1.005\n'
     assert engine_adapter("vllm").parse(_vllm(kv=over)).kv_usage == 1.0
     unknown_blocks = _vllm().replace('num_gpu_blocks="100"', 'num_gpu_blocks="None"')
     assert engine_adapter("vllm").parse(unknown_blocks).kv_capacity_tokens is None
@@ -174,8 +180,145 @@ def test_odd_values_are_tamed_or_refused() -> None:
             'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0',
             f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {bad}',
         )
-        with pytest.raises(MetricsParseError, match="not a request count"):
+        with pytest.raises(ImplausibleMetricsError, match="not a request count") as caught:
             engine_adapter("vllm").parse(text)
+        assert caught.value.metric == "vllm:num_requests_waiting (waiting)"
+        assert caught.value.kind is ScrapeErrorKind.IMPLAUSIBLE
+        assert isinstance(caught.value, MetricsParseError)  # a bad page, like a malformed one
+
+
+def _waiting(value: str) -> str:
+    return _vllm().replace(
+        'vllm:num_requests_waiting{engine="1",model_name="m"} 1.0',
+        f'vllm:num_requests_waiting{{engine="1",model_name="m"}} {value}',
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "metric", "value", "bound"),
+    [
+        # A pod that says NaN KV use would be scored as one with room to spare.
+        (
+            _vllm(kv='vllm:kv_cache_usage_perc{engine="0",model_name="m"} NaN\n'),
+            "vllm:kv_cache_usage_perc (kv_usage)",
+            "nan",
+            "not a share of the KV cache",
+        ),
+        (
+            _vllm(kv='vllm:kv_cache_usage_perc{engine="0",model_name="m"} 1.5\n'),
+            "vllm:kv_cache_usage_perc (kv_usage)",
+            "1.5",
+            "above 1",
+        ),
+        (
+            _vllm(kv='vllm:kv_cache_usage_perc{engine="0",model_name="m"} -0.2\n'),
+            "vllm:kv_cache_usage_perc (kv_usage)",
+            "-0.2",
+            "below 0",
+        ),
+        (
+            _waiting("99999.0"),  # 100,001 with the other engine's 2
+            "vllm:num_requests_waiting (waiting)",
+            "100001",
+            "above the bound of 100000 requests per pod",
+        ),
+        (_waiting("1e308"), "vllm:num_requests_waiting (waiting)", "1e+308", "above the bound"),
+        (
+            # The pod that took 763 of 767 requests.
+            _vllm().replace('num_gpu_blocks="100"', 'num_gpu_blocks="1000000000000"'),
+            "vllm:cache_config_info block_size x num_gpu_blocks (kv_capacity)",
+            "1.6e+13",
+            "above the bound of 4294967296 tokens per pod",
+        ),
+        (
+            _vllm().replace('num_gpu_blocks="100"', 'num_gpu_blocks="-100"'),
+            "vllm:cache_config_info block_size x num_gpu_blocks (kv_capacity)",
+            "-1600",
+            "below 0",
+        ),
+        (
+            _vllm().replace('num_gpu_blocks="100"', f'num_gpu_blocks="{"9" * 4000}"'),
+            "vllm:cache_config_info block_size x num_gpu_blocks (kv_capacity)",
+            "inf",
+            "not a cache size",
+        ),
+        (
+            _vllm(extra='vllm:prefix_cache_hits_total{engine="0",model_name="m"} -1\n'),
+            "vllm:prefix_cache_hits_total (prefix_cache_hits)",
+            "-1",
+            "below 0",
+        ),
+        (
+            _vllm(lora=_lora("a", "", 1.7e9, max_lora="100000")),
+            "vllm:lora_requests_info max_lora (LoRA slots)",
+            "100000",
+            "outside 0..4096",
+        ),
+        (
+            _vllm(lora=_lora(",".join(f"a{i}" for i in range(1025)), "", 1.7e9)),
+            "vllm:lora_requests_info (LoRA adapters)",
+            "1025",
+            "above the bound of 1024 adapters",
+        ),
+        (
+            _vllm(lora=_lora("x" * 300, "", 1.7e9)),
+            "vllm:lora_requests_info (LoRA adapter name",
+            "300",
+            "characters, above the bound of 256",
+        ),
+    ],
+    ids=[
+        "nan-kv",
+        "kv-over-1",
+        "negative-kv",
+        "too-many-waiting",
+        "huge-waiting",
+        "1e12-blocks",
+        "negative-blocks",
+        "4000-digit-blocks",
+        "negative-counter",
+        "lora-slots",
+        "lora-adapters",
+        "lora-name",
+    ],
+)
+def test_values_no_pod_can_have_are_not_believed(
+    text: str, metric: str, value: str, bound: str
+) -> None:
+    with pytest.raises(ImplausibleMetricsError) as caught:
+        engine_adapter("vllm").parse(text)
+    error = caught.value
+    assert error.metric.startswith(metric)
+    assert f"{error.value:g}" == value and bound in error.bound
+    # The message names all three, for the log line.
+    assert str(error) == f"{error.metric} is {value}, {error.bound}: not believed"
+
+
+def test_physical_bounds_hold_for_every_engine() -> None:
+    per_block = 'kv_cache_block_type="tokens_per",model="tensorrt_llm",version="1"}'
+    triton = page(busy_engine(lora=False), Flavour.TRITON)
+    assert f"{per_block} 16\n" in triton
+    triton_nan_per_block = triton.replace(f"{per_block} 16\n", f"{per_block} NaN\n")
+    with pytest.raises(ImplausibleMetricsError, match="not a block size"):
+        engine_adapter("triton").parse(triton_nan_per_block)
+    huge = (
+        "trtllm_num_requests_waiting 0\ntrtllm_num_requests_running 1\n"
+        "trtllm_kv_cache_max_blocks 1e10\n"
+    )
+    with pytest.raises(ImplausibleMetricsError, match="trtllm_kv_cache_max_blocks"):
+        engine_adapter("trtllm").parse(huge)
+    sglang = "sglang:num_queue_reqs 0\nsglang:num_running_reqs 1\nsglang:token_usage 2\n"
+    with pytest.raises(ImplausibleMetricsError, match="sglang:token_usage"):
+        engine_adapter("sglang").parse(sglang)
+    tgi = "tgi_queue_size 0\ntgi_batch_current_size 200000\n"
+    with pytest.raises(ImplausibleMetricsError, match="tgi_batch_current_size"):
+        engine_adapter("tgi").parse(tgi)
+    # At the bounds: believed.
+    edge = (
+        "tgi_queue_size 100000\ntgi_batch_current_size 0\ntgi_batch_current_max_tokens 4294967296\n"
+    )
+    metrics = engine_adapter("tgi").parse(edge)
+    assert (metrics.waiting, metrics.kv_capacity_tokens) == (MAX_REQUESTS, MAX_KV_CAPACITY_TOKENS)
 
 
 def test_a_partial_page_is_an_error_not_an_idle_pod() -> None:

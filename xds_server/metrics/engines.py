@@ -10,7 +10,7 @@ an optional label filter), plus a few reading rules that hold for every engine:
   series with `model_name` and `engine` (one series per data-parallel engine; LoRA requests
   are counted under the base model), so the sum is the pod's. A page without them is a
   partial page: `MetricsParseError`, never zeros, or a broken pod would look idle.
-- KV usage is the mean over matching series, clamped to 0..1; absent or NaN -> None.
+- KV usage is the mean over matching series; absent -> None.
 - KV capacity, in tokens: an info series carrying the engine's size labels (vLLM
   `block_size` x `num_gpu_blocks`, SGLang `page_size` x `num_pages`) gives their product;
   any other series gives its value, times the tokens-per-block series when the engine has
@@ -23,6 +23,25 @@ an optional label filter), plus a few reading rules that hold for every engine:
   HELP/TYPE only until the first LoRA request: no series means no adapters, not an error.
 - Prefix-cache hits and queries are cumulative token counters (summed), or None when the
   engine does not export them; `store` turns them into a rate.
+
+Nothing on a page is taken on trust: a pod's page decides how much traffic it gets, and a
+pod that claimed a 10^12-block KV cache once took 763 of 767 requests. Values no pod can
+have raise `ImplausibleMetricsError`, naming the sample, the value and the bound, and the
+page is then a failed scrape (the pod's last good metrics age out; a pod never read is
+not in rotation: policy/scoring.py):
+
+- any NaN, infinite or negative count, usage, capacity or counter (NaN KV usage would
+  otherwise read as "unknown", which the policy scores as a cache with room to spare);
+- waiting or running above `MAX_REQUESTS` (100,000 per pod: vLLM runs at most
+  `max_num_seqs`, 256-1024, and Envoy's circuit breakers stop far below that);
+- KV usage above 1 by more than `KV_USAGE_SLACK` (1%, rounding; within it, clamped to 1);
+- a KV capacity above `MAX_KV_CAPACITY_TOKENS` (2^32 tokens, 30 times what 8 GPUs of
+  192 GB hold of even a small model's cache: 1.5 TB at 12 KB per token is 1.3e8);
+  a capacity within it but far beyond the pod's peers' is the scraper's check
+  (sources/pod_metrics.py), which knows the peers;
+- LoRA slots (`max_lora`) above `MAX_LORA_SLOTS`, more than `MAX_ADAPTERS` adapters in a
+  running or waiting list, or an adapter name longer than `MAX_ADAPTER_NAME` characters
+  (adapter names become endpoint metadata in Envoy).
 
 Several candidates may stand for one logical metric (vLLM's `vllm:kv_cache_usage_perc`, and
 `vllm:gpu_cache_usage_perc` on older servers): the first present on the page wins. Only the
@@ -41,18 +60,32 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from xds_server.errors import ConfigError, MetricsParseError
+from xds_server.errors import ConfigError, ImplausibleMetricsError, MetricsParseError
 from xds_server.metrics.exposition import Sample, parse_samples
 
 __all__ = [
     "EngineAdapter",
     "EngineKind",
+    "KV_USAGE_SLACK",
     "LogicalMetric",
+    "MAX_ADAPTERS",
+    "MAX_ADAPTER_NAME",
+    "MAX_KV_CAPACITY_TOKENS",
+    "MAX_LORA_SLOTS",
+    "MAX_REQUESTS",
     "MetricName",
     "Overrides",
     "PodMetrics",
     "engine_adapter",
 ]
+
+# The physical bounds of a page (see the module docstring).
+MAX_REQUESTS = 100_000
+MAX_KV_CAPACITY_TOKENS = 1 << 32
+KV_USAGE_SLACK = 0.01
+MAX_LORA_SLOTS = 4096
+MAX_ADAPTERS = 1024
+MAX_ADAPTER_NAME = 256
 
 
 class EngineKind(enum.StrEnum):
@@ -255,9 +288,12 @@ class EngineAdapter:
             lora_waiting=lora_waiting,
             lora_recent=_recent_adapters(lora, max_lora),
             max_lora=max_lora,
-            prefix_cache_hits_tokens=_counter(found.get(LogicalMetric.PREFIX_CACHE_HITS, none)),
+            prefix_cache_hits_tokens=_counter(
+                LogicalMetric.PREFIX_CACHE_HITS, found.get(LogicalMetric.PREFIX_CACHE_HITS, none)
+            ),
             prefix_cache_queries_tokens=_counter(
-                found.get(LogicalMetric.PREFIX_CACHE_QUERIES, none)
+                LogicalMetric.PREFIX_CACHE_QUERIES,
+                found.get(LogicalMetric.PREFIX_CACHE_QUERIES, none),
             ),
         )
 
@@ -268,16 +304,24 @@ class EngineAdapter:
                 f"the page has no {wanted} ({metric.value}, {self.engine.value}): "
                 "a partial page, or the wrong engine for this pod"
             )
-        total = sum(sample.value for sample in found)
-        if not math.isfinite(total) or total < 0:
-            raise MetricsParseError(
-                f"{found[0].name} ({metric.value}) is {total}, not a request count"
+        for sample in found:
+            _not_negative(sample.value, f"{sample.name} ({metric.value})", "not a request count")
+        # Each series at most the bound first: fsum of huge values would overflow.
+        big = max(found, key=lambda sample: sample.value)
+        total = big.value if big.value > MAX_REQUESTS else math.fsum(s.value for s in found)
+        if total > MAX_REQUESTS:
+            raise ImplausibleMetricsError(
+                f"{found[0].name} ({metric.value})",
+                total,
+                f"above the bound of {MAX_REQUESTS} requests per pod",
             )
         return round(total)
 
     def _capacity(self, found: list[Sample], tokens_per_block: list[Sample]) -> int | None:
         if not found:
             return None
+        capacity = LogicalMetric.KV_CAPACITY.value
+        what = f"{found[0].name} ({capacity})"
         total = 0.0
         labels = self.capacity_labels
         for sample in found:
@@ -285,13 +329,24 @@ class EngineAdapter:
                 size = _label_product(sample.labels[labels[0]], sample.labels[labels[1]])
                 if size is None:
                     return None
+                what = f"{sample.name} {labels[0]} x {labels[1]} ({capacity})"
+                _not_negative(size, what, "not a cache size")
                 total += size
             else:
+                _not_negative(sample.value, what, "not a cache size")
                 total += sample.value
+        for sample in tokens_per_block:
+            _not_negative(
+                sample.value,
+                f"{sample.name} ({LogicalMetric.KV_TOKENS_PER_BLOCK.value})",
+                "not a block size",
+            )
         if tokens_per_block:
             total *= _mean(tokens_per_block)
-        if not math.isfinite(total) or total < 0:
-            return None
+        if not total <= MAX_KV_CAPACITY_TOKENS:  # NaN too: an infinite size x 0 tokens
+            raise ImplausibleMetricsError(
+                what, total, f"above the bound of {MAX_KV_CAPACITY_TOKENS} tokens per pod"
+            )
         return round(total)
 
 
@@ -372,30 +427,54 @@ def _series(by_name: Mapping[str, list[Sample]], candidates: Sequence[MetricName
 
 
 def _mean(samples: list[Sample]) -> float:
-    return math.fsum(s.value for s in samples) / len(samples)
+    return sum(s.value for s in samples) / len(samples)  # not fsum: it raises on overflow
+
+
+def _not_negative(value: float, what: str, meaning: str) -> None:
+    """Raise ImplausibleMetricsError unless `value` is a finite number, 0 or more."""
+    if math.isnan(value) or math.isinf(value):
+        raise ImplausibleMetricsError(what, value, meaning)
+    if value < 0:
+        raise ImplausibleMetricsError(what, value, f"below 0: {meaning}")
 
 
 def _usage(samples: list[Sample]) -> float | None:
-    values = [s.value for s in samples if not math.isnan(s.value)]
-    if not values:
-        return None
-    return min(1.0, max(0.0, math.fsum(values) / len(values)))
-
-
-def _counter(samples: list[Sample]) -> float | None:
     if not samples:
         return None
-    total = math.fsum(s.value for s in samples)
-    return total if math.isfinite(total) and total >= 0 else None
+    for sample in samples:
+        what = f"{sample.name} ({LogicalMetric.KV_USAGE.value})"
+        _not_negative(sample.value, what, "not a share of the KV cache")
+        if sample.value > 1 + KV_USAGE_SLACK:
+            raise ImplausibleMetricsError(what, sample.value, "above 1: more cache than there is")
+    return min(1.0, math.fsum(s.value for s in samples) / len(samples))
 
 
-def _label_product(first: str, second: str) -> int | None:
+def _counter(metric: LogicalMetric, samples: list[Sample]) -> float | None:
+    if not samples:
+        return None
+    for sample in samples:
+        _not_negative(sample.value, f"{sample.name} ({metric.value})", "not a token count")
+    total = sum(s.value for s in samples)  # not fsum: it raises on overflow
+    _not_negative(total, f"{samples[0].name} ({metric.value})", "not a token count")
+    return total
+
+
+def _label_product(first: str, second: str) -> float | None:
     """The product of two integer label values (vLLM: "16" x "5000"), None if either is not
-    an integer (vLLM writes "None" for a cache size it does not know)."""
+    an integer (vLLM writes "None" for a cache size it does not know). Integers too large
+    for a float are infinite (and not believed by the caller)."""
     try:
-        return int(first) * int(second)
+        product = int(first) * int(second)
     except ValueError:
         return None
+    return _as_float(product)
+
+
+def _as_float(number: int) -> float:
+    """`number` as a float, infinite if too large for one (`float` would raise)."""
+    if abs(number) < 10**300:
+        return float(number)
+    return math.inf if number > 0 else -math.inf
 
 
 def _lora(samples: list[Sample]) -> tuple[tuple[str, ...], tuple[str, ...], int | None]:
@@ -408,9 +487,15 @@ def _lora(samples: list[Sample]) -> tuple[tuple[str, ...], tuple[str, ...], int 
         max_lora: int | None = int(current.labels.get("max_lora", ""))
     except ValueError:
         max_lora = None
+    if max_lora is not None and not 0 <= max_lora <= MAX_LORA_SLOTS:
+        raise ImplausibleMetricsError(
+            f"{current.name} max_lora (LoRA slots)",
+            _as_float(max_lora),
+            f"outside 0..{MAX_LORA_SLOTS}",
+        )
     return (
-        _adapters(current.labels.get("running_lora_adapters", "")),
-        _adapters(current.labels.get("waiting_lora_adapters", "")),
+        _adapters(current.labels.get("running_lora_adapters", ""), current.name),
+        _adapters(current.labels.get("waiting_lora_adapters", ""), current.name),
         max_lora,
     )
 
@@ -423,10 +508,22 @@ def _recent_adapters(samples: list[Sample], max_lora: int | None) -> tuple[str, 
     )
     recent: dict[str, None] = {}
     for sample in timed:
-        for adapter in _adapters(sample.labels.get("running_lora_adapters", "")):
+        for adapter in _adapters(sample.labels.get("running_lora_adapters", ""), sample.name):
             recent.setdefault(adapter)
-    return tuple(recent)[:max_lora] if max_lora is not None else tuple(recent)
+    return tuple(recent)[: MAX_ADAPTERS if max_lora is None else max_lora]
 
 
-def _adapters(listed: str) -> tuple[str, ...]:
-    return tuple(name for name in (part.strip() for part in listed.split(",")) if name)
+def _adapters(listed: str, where: str) -> tuple[str, ...]:
+    names = tuple(name for name in (part.strip() for part in listed.split(",")) if name)
+    if len(names) > MAX_ADAPTERS:
+        raise ImplausibleMetricsError(
+            f"{where} (LoRA adapters)", len(names), f"above the bound of {MAX_ADAPTERS} adapters"
+        )
+    for name in names:
+        if len(name) > MAX_ADAPTER_NAME:
+            raise ImplausibleMetricsError(
+                f"{where} (LoRA adapter name {name[:40]!r}...)",
+                len(name),
+                f"characters, above the bound of {MAX_ADAPTER_NAME}",
+            )
+    return names

@@ -10,6 +10,12 @@ into `ScrapeError`.
 at once, no cookies, no proxy from the environment, and no compression by default (gzip
 cuts a 59 KB page to ~9 KB on the wire but costs the pod CPU to compress and us ~30% more
 CPU per scrape to inflate; `compress` turns it on where bandwidth is what is short).
+
+A page is read up to a byte cap (`balancing.max_metrics_page_bytes`, 1 MiB by default; a
+vLLM page is ~60 KB) and no further: a page that says it is longer (Content-Length) is not
+read at all, and one that turns out longer (chunked, or decompressed) is cut there and its
+connection closed. Either way it is a ScrapeError of kind TOO_LARGE. Pages are distrusted
+input: a pod serving megabytes on every scrape would otherwise cost this server a core.
 """
 
 from __future__ import annotations
@@ -27,16 +33,17 @@ _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 
 
 class PageFetcher(Protocol):
-    """Gets one page. `fetch` raises ScrapeError (CONNECT, TIMEOUT, HTTP_STATUS or BODY) and
-    nothing else on purpose; `aclose` releases its connections (idempotent)."""
+    """Gets one page of at most `max_bytes` bytes. `fetch` raises ScrapeError (CONNECT,
+    TIMEOUT, HTTP_STATUS, BODY, or TOO_LARGE past `max_bytes`) and nothing else on purpose;
+    `aclose` releases its connections (idempotent)."""
 
-    async def fetch(self, url: URL, *, timeout_s: float) -> bytes: ...
+    async def fetch(self, url: URL, *, timeout_s: float, max_bytes: int) -> bytes: ...
 
     async def aclose(self) -> None: ...
 
 
 class HttpPageFetcher:
-    """A PageFetcher over HTTP (aiohttp). Pages over `max_page_bytes` are refused (BODY).
+    """A PageFetcher over HTTP (aiohttp). Reading stops at `max_bytes` (TOO_LARGE).
 
     Mutable state: the session, opened on the first fetch (inside the event loop) and
     closed by `aclose`.
@@ -46,14 +53,12 @@ class HttpPageFetcher:
         self,
         *,
         max_connections: int = 256,
-        max_page_bytes: int = 8 << 20,
         compress: bool = False,
         keepalive_s: float = 30.0,
     ) -> None:
-        if max_connections < 1 or max_page_bytes < 1:
-            raise ValueError("max_connections and max_page_bytes must be at least 1.")
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1.")
         self.max_connections = max_connections
-        self.max_page_bytes = max_page_bytes
         self.compress = compress
         self.keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
@@ -82,7 +87,7 @@ class HttpPageFetcher:
             await self._session.close()
             self._session = None
 
-    async def fetch(self, url: URL, *, timeout_s: float) -> bytes:
+    async def fetch(self, url: URL, *, timeout_s: float, max_bytes: int) -> bytes:
         session = self._open()
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -92,7 +97,7 @@ class HttpPageFetcher:
                         f"HTTP {response.status} {response.reason or ''}".rstrip(),
                         kind=ScrapeErrorKind.HTTP_STATUS,
                     )
-                return await self._read(response)
+                return await _read(response, max_bytes)
         except TimeoutError as exc:
             raise ScrapeError(
                 f"no complete page within {timeout_s:g} s", kind=ScrapeErrorKind.TIMEOUT
@@ -107,27 +112,32 @@ class HttpPageFetcher:
         except aiohttp.ClientError as exc:  # the body broke off
             raise ScrapeError(_describe(exc), kind=ScrapeErrorKind.BODY) from exc
 
-    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
-        length = response.content_length
-        if length is not None and length > self.max_page_bytes:
-            raise ScrapeError(
-                f"the page is {length} bytes, over the {self.max_page_bytes}-byte limit",
-                kind=ScrapeErrorKind.BODY,
-            )
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in response.content.iter_any():
-            size += len(chunk)
-            if size > self.max_page_bytes:
-                raise ScrapeError(
-                    f"the page is over the {self.max_page_bytes}-byte limit",
-                    kind=ScrapeErrorKind.BODY,
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
-
 
 _: type[PageFetcher] = HttpPageFetcher
+
+
+async def _read(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The body, or TOO_LARGE as soon as it is known to be over `max_bytes` (then the
+    connection is closed: what is left of the body is never read)."""
+    length = response.content_length
+    if length is not None and length > max_bytes:
+        response.close()
+        raise ScrapeError(
+            f"the page is {length} bytes (Content-Length), over the {max_bytes}-byte cap",
+            kind=ScrapeErrorKind.TOO_LARGE,
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > max_bytes:
+            response.close()
+            raise ScrapeError(
+                f"the page is over the {max_bytes}-byte cap (cut after {size} bytes)",
+                kind=ScrapeErrorKind.TOO_LARGE,
+            )
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _describe(exc: BaseException) -> str:

@@ -10,13 +10,20 @@ measures the CPU per scrape) and must never stall or crash on a bad pod.
   A pod has at most one scrape in flight; the next one waits.
 - Pages are got through a `PageFetcher` (fetching.py): by default one aiohttp session for
   every pod, with keep-alive connections; tests may pass their own.
-- A failed scrape (connect, timeout, HTTP status, broken body, unparseable page: the tree
-  in `errors`) is recorded in the store, counted through `observe_error`, and never raised:
-  the pod's last metrics stay in use until the policy finds them too old (`age_s`). It is
-  logged once per streak: the first failure at WARNING naming the pod, its URL and the
-  error; recovery at INFO; the failures in between at DEBUG. A failing pod is retried with
-  exponential backoff from `interval_s` up to `max_backoff_s`, jittered. `_schedule` is the
-  only place that decides when a pod is scraped next.
+- A failed scrape (connect, timeout, HTTP status, broken body, a page over
+  `max_page_bytes` or over the parser's caps, an unparseable page, a page not believed:
+  the tree in `errors`) is recorded in the store, counted through `observe_error`, and
+  never raised: the pod's last good metrics stay in use until the policy finds them too
+  old (`silent_s`), and a pod with none is not in rotation. It is logged once per streak:
+  the first failure at WARNING naming the pod, its URL and the error (for a page not
+  believed: the value and the bound it broke); recovery at INFO; the failures in between
+  at DEBUG. Only a bug of ours is an ERROR with a traceback. A failing pod is retried with
+  exponential backoff from `interval_s` up to `max_backoff_s`, jittered. `_schedule` is
+  the only place that decides when a pod is scraped next.
+- Pages are distrusted input. Physical bounds are checked as a page is read (engines.py);
+  what depends on the other pods (a KV cache far beyond its peers') is the `check` seam's,
+  set by whoever knows the pools (sources/pod_metrics.py); a page it refuses is a failed
+  scrape like any other.
 - The page is parsed on the event loop: the fast parser reads a 59 KB vLLM page in ~0.1 ms,
   less than handing it to a thread would cost. A whole scrape (request, page, parse,
   store) costs ~0.4 ms of CPU here at 2,000 scrapes a second, ~0.5 ms at low rates
@@ -39,6 +46,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
+from typing import Protocol
 
 from yarl import URL
 
@@ -55,7 +63,9 @@ from xds_server.metrics.fetching import HttpPageFetcher, PageFetcher
 from xds_server.metrics.store import ErrorStreak, MetricsStore
 
 __all__ = [
+    "DEFAULT_MAX_PAGE_BYTES",
     "ErrorObserver",
+    "PageCheck",
     "ScrapeObserver",
     "ScrapeTarget",
     "Scraper",
@@ -73,6 +83,18 @@ ErrorObserver = Callable[[str, ScrapeErrorKind], None]
 ScrapeObserver = Callable[[str, float], None]
 """`observe_scrape(pod_id, duration_s)`: called after each successful scrape with the time
 it took (fetch and parse)."""
+
+
+class PageCheck(Protocol):
+    """`check(pod_id, metrics)`, on every page read, right before its metrics are stored:
+    raises `ImplausibleMetricsError` if they are not to be believed (then they are not
+    stored), returns if they are (then they are stored: the check may remember them)."""
+
+    def __call__(self, pod_id: str, metrics: PodMetrics) -> None: ...
+
+
+DEFAULT_MAX_PAGE_BYTES = 1 << 20
+"""The default cap on one page's bytes (`balancing.max_metrics_page_bytes`)."""
 
 _EMPTY_OVERRIDES: Overrides = MappingProxyType({})
 
@@ -121,16 +143,18 @@ class Scraper:
     `interval_s` is the time between scrapes of one pod, `timeout_s` the most one scrape may
     take (connect, request, whole body); both may be changed while open. `max_backoff_s`
     bounds the wait between retries of a failing pod (never less than `interval_s`).
-    `fetcher` gets the pages (fetching.py); without one, an HTTP fetcher with
-    `max_connections` simultaneous requests, pages of at most `max_page_bytes`, and gzip
-    if `compress`. `clock` gives the time of scrapes and of the store's `now` (the event
-    loop's by default: the same clock the scraper sleeps on). `seed` fixes the jitter.
-    `_iterations` ends each pod's loop after that many scrapes (tests only; see `join`).
+    `max_page_bytes` caps the bytes read of one page (may be changed while open). `check`
+    (may be set while open) is asked about every page read before it is stored
+    (`PageCheck`). `fetcher` gets the pages (fetching.py); without one, an HTTP fetcher
+    with `max_connections` simultaneous requests, and gzip if `compress`. `clock` gives
+    the time of scrapes and of the store's `now` (the event loop's by default: the same
+    clock the scraper sleeps on). `seed` fixes the jitter. `_iterations` ends each pod's
+    loop after that many scrapes (tests only; see `join`).
 
-    Mutable state: `state`, `interval_s`, `timeout_s`, `_targets` and `_tasks` (pod id
-    -> target, its task), `_stopping` (tasks of removed pods, cancelled, not yet finished),
-    `_callback_failing` (callbacks whose failure was logged). Changed only on the event
-    loop.
+    Mutable state: `state`, `interval_s`, `timeout_s`, `max_page_bytes`, `check`,
+    `_targets` and `_tasks` (pod id -> target, its task), `_stopping` (tasks of removed
+    pods, cancelled, not yet finished), `_callback_failing` (callbacks whose failure was
+    logged). Changed only on the event loop.
     """
 
     def __init__(
@@ -141,27 +165,30 @@ class Scraper:
         timeout_s: float = 1.0,
         max_connections: int = 256,
         max_backoff_s: float = 2.0,
-        max_page_bytes: int = 8 << 20,
+        max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
         compress: bool = False,
         on_update: UpdateCallback | None = None,
         observe_error: ErrorObserver | None = None,
         observe_scrape: ScrapeObserver | None = None,
         clock: Clock = loop_clock,
         fetcher: PageFetcher | None = None,
+        check: PageCheck | None = None,
         seed: int | None = None,
         _iterations: int | None = None,
     ) -> None:
         self.store = store
         self._interval_s = self._timeout_s = 1.0
+        self._max_page_bytes = DEFAULT_MAX_PAGE_BYTES
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self.max_page_bytes = max_page_bytes
         self.max_backoff_s = max_backoff_s
+        self.check = check
         self._fetcher: PageFetcher = (
             fetcher
             if fetcher is not None
             else HttpPageFetcher(
                 max_connections=max_connections,
-                max_page_bytes=max_page_bytes,
                 compress=compress,
                 keepalive_s=max(30.0, 4 * interval_s),
             )
@@ -205,6 +232,17 @@ class Scraper:
         if not value > 0:
             raise ValueError(f"timeout_s must be positive, not {value}.")
         self._timeout_s = value
+
+    @property
+    def max_page_bytes(self) -> int:
+        """The most bytes of one page read; a new value applies from the next scrape."""
+        return self._max_page_bytes
+
+    @max_page_bytes.setter
+    def max_page_bytes(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"max_page_bytes must be at least 1, not {value}.")
+        self._max_page_bytes = value
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -334,7 +372,7 @@ class Scraper:
         started = self._clock()
         internal: BaseException | None = None
         try:
-            metrics = await self._scrape(target)
+            metrics = await self._scrape(pod_id, target)
         except MetricsError as exc:
             kind, message = exc.kind, str(exc)
         except Exception as exc:  # a bug of ours: keep scraping, but loudly
@@ -369,14 +407,17 @@ class Scraper:
         if streak.count == 1:
             logger.log(
                 logging.ERROR if internal is not None else logging.WARNING,
-                "Cannot scrape pod %s (%s): %s. %s; further failures are not logged until a "
-                "scrape succeeds.",
+                "%s pod %s (%s): %s. %s; further failures are not logged until a scrape succeeds.",
+                "Not believing the metrics page of"
+                if kind is ScrapeErrorKind.IMPLAUSIBLE
+                else "Cannot scrape",
                 pod_id,
                 target.url,
                 message,
                 "It is down: out of rotation until a scrape succeeds"
                 if streak.down
-                else "Its last metrics stay in use until they go stale",
+                else "Its last good metrics stay in use until they go stale (none: out of "
+                "rotation)",
                 exc_info=internal,
             )
         else:
@@ -403,9 +444,15 @@ class Scraper:
         else:
             self._callback_failing.discard(key)
 
-    async def _scrape(self, target: ScrapeTarget) -> PodMetrics:
-        """Fetch and read one page. Raises `ScrapeError` or `MetricsParseError`."""
+    async def _scrape(self, pod_id: str, target: ScrapeTarget) -> PodMetrics:
+        """Fetch, read and check one page. Raises `ScrapeError` or `MetricsParseError`
+        (`ImplausibleMetricsError` for a page not believed)."""
         if self.state is not ScraperState.OPEN:
             raise RuntimeError("The scraper is not open; use it inside `async with`.")
-        body = await self._fetcher.fetch(target.parsed_url, timeout_s=self._timeout_s)
-        return target.adapter.parse(body.decode("utf-8", errors="replace"))
+        body = await self._fetcher.fetch(
+            target.parsed_url, timeout_s=self._timeout_s, max_bytes=self._max_page_bytes
+        )
+        metrics = target.adapter.parse(body.decode("utf-8", errors="replace"))
+        if self.check is not None:
+            self.check(pod_id, metrics)
+        return metrics
