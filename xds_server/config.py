@@ -240,6 +240,12 @@ class BalancingConfig(_Strict):
     # How often every pod's /metrics is read, and how long one read may take.
     scrape_interval_s: Annotated[float, Field(ge=0.05, le=60)] = 0.25
     scrape_timeout_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    # The most bytes of one pod's metrics page read (a vLLM page is ~60 KB); a longer page
+    # is cut there and counts as a failed scrape (kind too_large).
+    max_metrics_page_bytes: Annotated[int, Field(ge=65_536, le=64 << 20)] = 1 << 20
+    # A pod whose KV-cache capacity is over this many times the median of the pool's other
+    # pods of its hardware class (two or more of them) is not believed (kind implausible).
+    max_capacity_ratio: Annotated[float, Field(ge=2, le=1e6)] = 16.0
     # A pod whose last good metrics are older than this leaves rotation until they resume.
     stale_after_s: Annotated[float, Field(gt=0, le=600)] = 2.0
     # When every pod of a pool is stale: keep routing on the last weights ("fail_open") or

@@ -135,9 +135,11 @@ def test_a_pod_that_refuses_connections_leaves_at_once_and_never_fails_open() ->
     assert weights({A: signals(), B: signals()})[B][1] is Health.HEALTHY
 
 
-def test_unscraped_pod_gets_the_median_and_draining_is_marked() -> None:
+def test_unscraped_pod_is_out_of_rotation_and_draining_is_marked() -> None:
+    # tests/policy/test_scoring_distrust.py has the rest of the story of unscraped pods.
+    assert weights({A: signals()})[B] == (1, Health.UNHEALTHY)
     got = weights({A: signals()}, draining=frozenset({B}))
-    assert got[B] == (MAX_WEIGHT, Health.DRAINING)
+    assert got[B] == (1, Health.DRAINING)
 
 
 def test_adapters_become_endpoint_state() -> None:

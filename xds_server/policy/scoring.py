@@ -51,18 +51,37 @@ Health: a pod whose scrapes could not connect at all (refused, reset: `PodSignal
 is UNHEALTHY at the next decision, and HEALTHY again once a scrape succeeds; a pod that has
 failed to answer scrapes for longer than `stale_after_s` (`PodSignals.silent_s`, which
 grows only while scrapes are tried, so a stalled server does not take its own silence for
-the pods') is UNHEALTHY until they resume; a pod being shut down is DRAINING. When every
-pod of a pool that is not down is stale, `all_stale` decides: fail_open keeps them HEALTHY
-on their last weights (a metrics outage should not become a serving outage), fail_closed
-marks them UNHEALTHY so Envoy answers 503; a pod known to be down never comes back that
-way. Pods never scraped yet get the median weight of the others.
+the pods') is UNHEALTHY until they resume; a pod being shut down is DRAINING.
+
+A pod with no believed page yet (never scraped, or only failures: absent from `signals`,
+or `PodSignals.scraped` False) is UNHEALTHY, with the lowest weight: a pod's page is the
+only thing that sizes its weight, so a pod that has not said anything believable, or
+whose page was refused as implausible (metrics/engines.py, sources/pod_metrics.py), must
+not get traffic on a placeholder weight. It joins at the decision after its first good
+scrape: a reachable pod is scraped within one `scrape_interval_s` of becoming a target,
+and the controller waits for every pod's first word before a restarted server's first
+snapshot (`Controller._warming`).
+
+When no pod of a pool that is not down has fresh metrics (all stale, or none scraped yet),
+`all_stale` decides: fail_open keeps them HEALTHY on their last weights, equal for pods
+never scraped (a metrics outage should not become a serving outage, nor should a new
+pool wait), fail_closed marks them UNHEALTHY so Envoy answers 503 until the first good
+scrape; a pod known to be down never comes back that way.
+
+A pod's KV capacity is believed only within `max_capacity_ratio` of the median of the
+pool's other fresh pods of its hardware class (when there are `MIN_CAPACITY_PEERS` or
+more of them): beyond it, the pod is treated as stale. The scraper refuses such pages
+(counted, logged, sources/pod_metrics.py); this is the same rule applied to what was
+believed before the peers had spoken, so that a pod scraped first cannot win the pool
+on a claim its peers later contradict.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -70,7 +89,17 @@ from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
 from xds_server.policy.adapters import AdapterPod, place_adapters
 from xds_server.policy.state import EndpointState, Health, PoolState
 
-__all__ = ["KV_KNEE", "MAX_WEIGHT", "PodSignals", "ScoredPool", "endpoint_id", "score_pool"]
+__all__ = [
+    "KV_KNEE",
+    "MAX_WEIGHT",
+    "MIN_CAPACITY_PEERS",
+    "PodSignals",
+    "ScoredPool",
+    "capacity_peer_group",
+    "endpoint_id",
+    "median_without",
+    "score_pool",
+]
 
 MAX_WEIGHT = 100_000
 KV_KNEE = 0.8
@@ -82,6 +111,10 @@ _REFERENCE_SLOTS = 32.0
 # each decision: it remembers about the last 20 (a few seconds: the controller re-scores
 # at least every scrape interval).
 _ACTIVITY_SMOOTHING = 0.05
+# The fewest other pods whose median a KV capacity is compared with. With one, a pod that
+# claimed a tiny cache could get its only peer refused; with two, the median is the mean of
+# both, and one liar can move it by at most half.
+MIN_CAPACITY_PEERS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +124,9 @@ class PodSignals:
     `silent_s`: how long the pod has failed to answer scrapes since its last good metrics
     (0 when the last scrape succeeded; it grows only while scrapes are tried, so a stall of
     this server does not age every pod at once). `down`: the last scrape could not connect
-    at all (refused, reset): the pod is gone, whatever `all_stale` says.
+    at all (refused, reset): the pod is gone, whatever `all_stale` says. `scraped`: False
+    for a pod with a verdict but no believed page yet (only failed scrapes): its other
+    fields are then placeholders, and it is not in rotation.
     """
 
     silent_s: float
@@ -111,6 +146,7 @@ class PodSignals:
     recent_adapters: tuple[str, ...] = ()
     prefix_hit_rate: float | None = None
     down: bool = False
+    scraped: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,12 +170,68 @@ def _quantize(weight: float) -> int:
     return max(1, round(MAX_WEIGHT / _LADDER**steps_down))
 
 
+def capacity_peer_group(
+    pool: PoolConfig, endpoint: EndpointConfig, settings: BalancingConfig
+) -> str | None:
+    """The pods whose KV capacities `endpoint`'s is compared with: the pool's of its
+    hardware class, named "pool/class" ("pool/" for none); None when its capacity is the
+    class's configured one (`hardware_capacity`), so that its KV capacity is not used."""
+    if endpoint.hardware is not None and endpoint.hardware in settings.hardware_capacity:
+        return None
+    return f"{pool.name}/{endpoint.hardware or ''}"
+
+
+def median_without(ordered: Sequence[float], value: float | None) -> float:
+    """The median of `ordered` (sorted, not empty once `value` is left out) with one
+    occurrence of `value` left out (None, or a value not in it: nothing left out).
+    Constant time, so that a pod's peers' median costs nothing per scrape."""
+    skip = len(ordered)
+    if value is not None:
+        index = bisect.bisect_left(ordered, value)
+        if index < len(ordered) and ordered[index] == value:
+            skip = index
+    count = len(ordered) - (skip < len(ordered))
+
+    def at(i: int) -> float:
+        return ordered[i if i < skip else i + 1]
+
+    middle = count // 2
+    return at(middle) if count % 2 else (at(middle - 1) + at(middle)) / 2
+
+
+def _unbelieved_capacities(
+    pool: PoolConfig, fresh: Mapping[str, PodSignals], settings: BalancingConfig
+) -> set[str]:
+    """Fresh pods whose KV capacity is over `max_capacity_ratio` times the median of their
+    group's other fresh pods (`capacity_peer_group`), when there are enough of them."""
+    groups: dict[str, dict[str, float]] = {}
+    for endpoint in pool.endpoints:
+        key = endpoint_id(endpoint)
+        s = fresh.get(key)
+        group = capacity_peer_group(pool, endpoint, settings)
+        if s is not None and s.kv_capacity_tokens and group is not None:
+            groups.setdefault(group, {})[key] = float(s.kv_capacity_tokens)
+    unbelieved: set[str] = set()
+    for members in groups.values():
+        if len(members) <= MIN_CAPACITY_PEERS:
+            continue
+        ordered = sorted(members.values())
+        unbelieved.update(
+            key
+            for key, capacity in members.items()
+            if capacity > settings.max_capacity_ratio * median_without(ordered, capacity)
+        )
+    return unbelieved
+
+
 def _capacities(
     endpoints: tuple[EndpointConfig, ...],
     signals: Mapping[str, PodSignals],
     settings: BalancingConfig,
 ) -> dict[str, float]:
-    """Relative capacity per endpoint (the largest is 1); unknown ones count as the largest."""
+    """Relative capacity per endpoint (the largest is 1); unknown ones count as the largest.
+    `signals` are those of pods scraped, and believed (stale ones too: the ring weights
+    must not move when a pod's metrics stop)."""
     raw: dict[str, float | None] = {}
     for endpoint in endpoints:
         key = endpoint_id(endpoint)
@@ -187,17 +279,24 @@ def score_pool(
     `draining` lists endpoints being shut down; `long_prompts` the long prompts in flight
     per endpoint id. Pure: the same inputs give the same output.
     """
-    capacities = _capacities(pool.endpoints, signals, settings)
+    keys = {endpoint_id(e) for e in pool.endpoints}
     down = {key for key, s in signals.items() if s.down}
     fresh = {
         key: s
         for key, s in signals.items()
-        if s.silent_s <= settings.stale_after_s and key in capacities and key not in down
+        if s.scraped and s.silent_s <= settings.stale_after_s and key in keys and key not in down
     }
-    # Every pod that is not known to be down has stale metrics: a metrics outage.
-    all_stale = not fresh and any(
-        endpoint_id(e) in signals and endpoint_id(e) not in down for e in pool.endpoints
+    unbelieved = _unbelieved_capacities(pool, fresh, settings)
+    for key in unbelieved:
+        del fresh[key]
+    capacities = _capacities(
+        pool.endpoints,
+        {k: s for k, s in signals.items() if s.scraped and k not in unbelieved},
+        settings,
     )
+    # No pod that is not known to be down has fresh metrics: a metrics outage, or a pool
+    # none of whose pods has been scraped yet.
+    all_stale = not fresh and any(endpoint_id(e) not in down for e in pool.endpoints)
     fail_open = all_stale and settings.all_stale == "fail_open"
     scores: dict[str, float] = {}
     for endpoint in pool.endpoints:
@@ -214,10 +313,13 @@ def score_pool(
             scores[key] = memory[key]
     # The session ring's weights: capacity alone (the largest is 1), clusters.py.
     capacity_exponent = settings.scorers.capacity
-    median = statistics.median(scores.values()) if scores else 1.0
+    # A pod without a score was never believed: out of rotation (the lowest weight), but
+    # when the pool fails open and it is not down, on a par with the others.
+    placeholder = (statistics.median(scores.values()) if scores else 1.0) if fail_open else 0.0
     factor = settings.long_prompt_weight_factor
     weighed = {
-        key: scores.get(key, median) * factor ** long_prompts.get(key, 0)
+        key: scores.get(key, 0.0 if key in down else placeholder)
+        * factor ** long_prompts.get(key, 0)
         for key in map(endpoint_id, pool.endpoints)
     }
     top = max(weighed.values(), default=1.0) or 1.0
@@ -241,10 +343,9 @@ def score_pool(
     states = []
     for endpoint in pool.endpoints:
         key = endpoint_id(endpoint)
-        stale = key in signals and key not in fresh
         if key in draining:
             health = Health.DRAINING
-        elif key in down or (stale and not fail_open):
+        elif key in down or (key not in fresh and not fail_open):
             health = Health.UNHEALTHY
         else:
             health = Health.HEALTHY

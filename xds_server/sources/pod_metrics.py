@@ -1,23 +1,50 @@
 """Live pod metrics as an input of the policy: what to scrape, and the signals it yields.
 
 The routing config says which endpoints belong to GPU-aware pools and which model server
-they run; this module keeps the scraper's target list in step with it and turns the store's
-observations into the policy's `PodSignals`. A pod that has never answered counts as stale
-once it has been failing for `stale_after_s` (or at once when it refuses connections), so a
-dead pod does not keep the median weight forever.
+they run; this module keeps the scraper's target list and limits in step with it and
+turns the store's observations into the policy's `PodSignals`.
+
+A pod with no verdict yet (not scraped yet) has no signals; one whose scrapes have only
+failed has signals with `scraped` False. Either way it is not in rotation
+(policy/scoring.py) until a page of its is read and believed: a pod is weighed by what it
+says, and one that has said nothing believable must not take traffic on a placeholder.
+
+Pages are distrusted (a pod's page decides its share of the pool's traffic): the scraper
+reads at most `balancing.max_metrics_page_bytes` of one, the reader refuses values no pod
+can have (metrics/engines.py), and `CapacityCheck` refuses a KV capacity far beyond the
+pod's peers': over `balancing.max_capacity_ratio` times the median of the pool's other
+pods of its hardware class, when there are `MIN_CAPACITY_PEERS` or more of them with a
+believed capacity. A refused page is a failed scrape of kind `implausible`: counted,
+logged once per streak with the value and the bound, and the pod's last good metrics age
+out as for any failed scrape.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 
 from xds_server.clock import Clock, loop_clock
 from xds_server.config import RoutingConfig
-from xds_server.metrics.scraper import Scraper, ScrapeTarget
+from xds_server.errors import ImplausibleMetricsError
+from xds_server.metrics.engines import PodMetrics
+from xds_server.metrics.scraper import PageCheck, Scraper, ScrapeTarget
 from xds_server.metrics.store import MetricsStore, PodObservation
-from xds_server.policy.scoring import PodSignals, endpoint_id
+from xds_server.policy.scoring import (
+    MIN_CAPACITY_PEERS,
+    PodSignals,
+    capacity_peer_group,
+    endpoint_id,
+    median_without,
+)
 
-__all__ = ["PodMetricsSource", "follow_config", "scrape_targets", "signals_of"]
+__all__ = [
+    "CapacityCheck",
+    "PodMetricsSource",
+    "follow_config",
+    "scrape_targets",
+    "signals_of",
+]
 
 
 def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
@@ -37,13 +64,18 @@ def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
 
 
 def signals_of(observation: PodObservation) -> PodSignals | None:
-    """The policy's view of one pod; None for a pod with no verdict yet."""
+    """The policy's view of one pod; None for a pod with no verdict yet, `scraped` False
+    for one whose scrapes have all failed (both are out of rotation)."""
     metrics = observation.metrics
     if metrics is None:
         if observation.failing_for_s is None:
             return None
         return PodSignals(
-            silent_s=observation.silent_s, down=observation.down, waiting=0, running=0
+            silent_s=observation.silent_s,
+            down=observation.down,
+            waiting=0,
+            running=0,
+            scraped=False,
         )
     return PodSignals(
         silent_s=observation.silent_s,
@@ -61,11 +93,93 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
     )
 
 
+class CapacityCheck:
+    """The scraper's `PageCheck` for `config`: a pod's KV capacity against its peers'.
+
+    Peers are the pods of the same pool and hardware class (`capacity_peer_group`; a pod
+    whose class has a configured `hardware_capacity` is not compared: its KV capacity is
+    not used). A page whose capacity is over `max_capacity_ratio` times the median of the
+    other believed capacities of one of its groups, when there are `MIN_CAPACITY_PEERS` or
+    more, raises `ImplausibleMetricsError`; a page that passes is remembered as the pod's
+    believed capacity (the scraper stores it next). A peer's median thus costs a
+    bisection per scrape, not a pass over the pool.
+
+    Built afresh for each config (`follow_config`), seeded with the store's last good
+    metrics. Mutable state: `_believed` (pod id -> its believed capacity) and `_ordered`
+    (group -> the believed capacities of its pods, sorted); changed only by `__call__`.
+    """
+
+    def __init__(self, config: RoutingConfig, *, store: MetricsStore | None = None) -> None:
+        self.ratio = config.balancing.max_capacity_ratio
+        self._groups: dict[str, tuple[str, ...]] = {}
+        for pool in config.pools:
+            if not pool.weights_from_metrics:
+                continue
+            for endpoint in pool.endpoints:
+                group = capacity_peer_group(pool, endpoint, config.balancing)
+                if group is not None:
+                    key = endpoint_id(endpoint)
+                    self._groups[key] = (*self._groups.get(key, ()), group)
+        self._believed: dict[str, int] = {}
+        self._ordered: dict[str, list[int]] = {}
+        for pod_id in self._groups:
+            observation = store.observation(pod_id, now=0.0) if store is not None else None
+            if observation is not None and observation.metrics is not None:
+                self._remember(pod_id, observation.metrics.kv_capacity_tokens)
+
+    def __repr__(self) -> str:
+        return f"<CapacityCheck pods={len(self._groups)} believed={len(self._believed)}>"
+
+    def __call__(self, pod_id: str, metrics: PodMetrics) -> None:
+        groups = self._groups.get(pod_id, ())
+        capacity = metrics.kv_capacity_tokens
+        if capacity:
+            previous = self._believed.get(pod_id)
+            for group in groups:
+                ordered = self._ordered.get(group, [])
+                peers = len(ordered) - (previous is not None)
+                if peers < MIN_CAPACITY_PEERS:
+                    continue
+                median = median_without(ordered, previous)
+                if capacity > self.ratio * median:
+                    raise ImplausibleMetricsError(
+                        "the KV cache capacity (tokens)",
+                        capacity,
+                        f"over {self.ratio:g} times the median ({median:g}) of its {peers} "
+                        f"peers in pool {_describe(group)} (balancing.max_capacity_ratio)",
+                    )
+        if groups:
+            self._remember(pod_id, capacity)
+
+    def _remember(self, pod_id: str, capacity: int | None) -> None:
+        previous = self._believed.pop(pod_id, None)
+        for group in self._groups[pod_id]:
+            ordered = self._ordered.setdefault(group, [])
+            if previous is not None:
+                del ordered[bisect.bisect_left(ordered, previous)]
+            if capacity:
+                bisect.insort(ordered, capacity)
+        if capacity:
+            self._believed[pod_id] = capacity
+
+
+_: type[PageCheck] = CapacityCheck
+
+
+def _describe(group: str) -> str:
+    pool, _, hardware = group.partition("/")
+    return f"{pool}, hardware class {hardware}" if hardware else f"{pool}, no hardware class"
+
+
 def follow_config(scraper: Scraper, config: RoutingConfig) -> None:
-    """Make `scraper` scrape what `config` makes GPU-aware, at its interval; forget the rest."""
-    scraper.interval_s = config.balancing.scrape_interval_s
-    scraper.timeout_s = config.balancing.scrape_timeout_s
+    """Make `scraper` scrape what `config` makes GPU-aware, at its interval, with its
+    limits and its peers' check; forget the rest."""
+    balancing = config.balancing
+    scraper.interval_s = balancing.scrape_interval_s
+    scraper.timeout_s = balancing.scrape_timeout_s
+    scraper.max_page_bytes = balancing.max_metrics_page_bytes
     scraper.set_targets(scrape_targets(config))
+    scraper.check = CapacityCheck(config, store=scraper.store)
 
 
 class PodMetricsSource:
