@@ -14,7 +14,7 @@ peer's report that has its load (the newest), else its ADS stream here (no load 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 from xds_server.config import BANDS, Band, PoolConfig, RoutingConfig
@@ -136,7 +136,9 @@ class EnvoyLoad:
         for pool in config.pools:
             bands, long = _lanes(config, pool)
             pools[pool.name] = PoolLoad(
-                bands=_band_load(bands, envoys) if bands else BandLoad(in_flight={}),
+                bands=_band_load(bands, envoys, config.lanes(pool))
+                if bands
+                else BandLoad(in_flight={}),
                 long_prompts=_long_prompts(long, envoys),
             )
         return FleetLoad(
@@ -187,31 +189,47 @@ class EnvoyLoad:
         return totals
 
 
-def _band_load(clusters: Mapping[Band, list[str]], envoys: Iterable[EnvoyReport]) -> BandLoad:
-    """In-flight requests per band (summed over the band's clusters and every Envoy),
-    the completions per second of all of them together, and each Envoy's demand."""
+def _demand(loads: Iterable[ClusterReport]) -> EnvoyDemand:
+    """What `loads` (one Envoy's, of some clusters) ask for: in flight, and sent or
+    refused per second."""
+    loads = list(loads)
+    return EnvoyDemand(
+        in_flight=sum(load.in_progress for load in loads),
+        arrivals_per_s=sum(load.issued_per_s + load.dropped_per_s for load in loads),
+    )
+
+
+def _band_load(
+    clusters: Mapping[Band, list[str]], envoys: Iterable[EnvoyReport], lanes: Sequence[str]
+) -> BandLoad:
+    """In-flight requests per band (summed over the band's clusters, one per lane, and
+    every Envoy), the completions per second of all of them together, and each Envoy's
+    demand per band (and per lane, with several)."""
     in_flight = dict.fromkeys(clusters, 0)
     issued = dict.fromkeys(clusters, 0.0)
     completions = 0.0
     by_envoy: dict[str, dict[Band, EnvoyDemand]] = {}
+    by_lane: dict[str, dict[Band, dict[str, EnvoyDemand]]] = {}
     for envoy in envoys:
         demands: dict[Band, EnvoyDemand] = {}
         for band, names_of_band in clusters.items():
             loads = [envoy.clusters[c] for c in names_of_band if c in envoy.clusters]
-            held = sum(load.in_progress for load in loads)
-            in_flight[band] += held
+            in_flight[band] += sum(load.in_progress for load in loads)
             issued[band] += sum(load.issued_per_s for load in loads)
             completions += sum(load.successful_per_s for load in loads)
-            demands[band] = EnvoyDemand(
-                in_flight=held,
-                arrivals_per_s=sum(load.issued_per_s + load.dropped_per_s for load in loads),
-            )
+            demands[band] = _demand(loads)
+            if len(lanes) > 1:
+                by_lane.setdefault(envoy.node_id, {})[band] = {
+                    lane: _demand([envoy.clusters[c]] if c in envoy.clusters else [])
+                    for lane, c in zip(lanes, names_of_band, strict=True)
+                }
         by_envoy[envoy.node_id] = demands
     return BandLoad(
         in_flight=in_flight,
         completions_per_s=completions,
         issued_per_s=issued,
         by_envoy=by_envoy,
+        lanes_by_envoy=by_lane,
     )
 
 

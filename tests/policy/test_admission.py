@@ -133,3 +133,26 @@ def test_sheddable_stops_before_the_pool_is_full() -> None:
     # 64 places: Standard may fill them all, Sheddable only up to 48 in all.
     assert admission.budget["standard"] == 64
     assert admission.budget["sheddable"] == 8
+
+
+def test_an_envoys_part_is_split_over_the_bands_lanes() -> None:
+    """Each lane (its own cluster and circuit breaker) gets a part of the Envoy's band
+    limit, so that together they admit the limit, not that many times it."""
+    lanes = {
+        "pool": EnvoyDemand(in_flight=6, arrivals_per_s=2.0),
+        "session": EnvoyDemand(in_flight=2),
+        "long": EnvoyDemand(),
+    }
+    load = BandLoad(
+        in_flight={"standard": 8},
+        by_envoy={"a": {"standard": EnvoyDemand(in_flight=8, arrivals_per_s=2.0)}},
+        lanes_by_envoy={"a": {"standard": lanes}},
+    )
+    admission = admit([idle()], load=load, settings=SETTINGS)  # capacity 32
+    limit = admission.limits_of("a")["standard"]
+    parts = {lane: admission.lane_limit("a", "standard", lane) for lane in lanes}
+    assert sum(parts.values()) == limit == 32
+    # Every lane may start one, and none is cut below what it holds.
+    assert parts["long"] >= 1 and parts["pool"] >= 6 and parts["session"] >= 2
+    # An Envoy not named yet: the floor in every lane.
+    assert admission.lane_limit(None, "standard", "session") == SETTINGS.envoy_floor

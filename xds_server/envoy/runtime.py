@@ -37,18 +37,17 @@ def admission_layer(
 ) -> dict[str, int]:
     """The runtime keys that enforce each pool's admission at Envoy `node_id` (None: at an
     Envoy the admission does not name, which gets the floor): every band cluster of the
-    pool (one per lane, names.band_clusters) gets that Envoy's limit for its band. Pools of
-    `admissions` that the config does not have are ignored."""
+    pool (one per lane, names.band_clusters) gets its lane's part of that Envoy's limit for
+    the band. Pools of `admissions` that the config does not have are ignored."""
     layer: dict[str, int] = {}
     for pool in config.pools:
         admission = admissions.get(pool.name)
         if admission is None:
             continue
-        limits = admission.max_requests if node_id is None else admission.limits_of(node_id)
         clusters = names.band_clusters(config, pool)
         for band in BANDS:
-            for cluster in clusters[band]:
-                layer[max_requests_key(cluster)] = limits[band]
+            for lane, cluster in zip(config.lanes(pool), clusters[band], strict=True):
+                layer[max_requests_key(cluster)] = admission.lane_limit(node_id, band, lane)
     return layer
 
 

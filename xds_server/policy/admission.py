@@ -81,6 +81,11 @@ class BandLoad:
     # Requests of each band sent to the pods per second (what a band takes between updates).
     issued_per_s: Mapping[Band, float] = field(default_factory=dict)
     by_envoy: Mapping[str, Mapping[Band, EnvoyDemand]] = field(default_factory=dict)
+    # Per Envoy and band, the demand of each lane (the band's cluster per lane: "pool",
+    # "session", "long"), when the pool has more than one.
+    lanes_by_envoy: Mapping[str, Mapping[Band, Mapping[str, EnvoyDemand]]] = field(
+        default_factory=dict
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,10 +104,21 @@ class PoolAdmission:
     by_envoy: Mapping[str, Mapping[Band, int]]
     retry_after_s: Mapping[Band, int]
     demand: Mapping[str, Mapping[Band, EnvoyDemand]] = field(default_factory=dict)
+    # Each known Envoy's band limit split over the band's lanes, when it has several.
+    by_lane: Mapping[str, Mapping[Band, Mapping[str, int]]] = field(default_factory=dict)
 
     def limits_of(self, node_id: str) -> Mapping[Band, int]:
         """The limits Envoy `node_id` enforces."""
         return self.by_envoy.get(node_id, self.max_requests)
+
+    def lane_limit(self, node_id: str | None, band: Band, lane: str) -> int:
+        """What lane `lane` of `band` admits at Envoy `node_id` (None: one not named
+        yet): its part of the Envoy's band limit, so that the lanes together admit the
+        band's limit, not that many times it."""
+        if node_id is None:
+            return self.max_requests[band]
+        split = self.by_lane.get(node_id, {}).get(band, {})
+        return split.get(lane, self.limits_of(node_id)[band])
 
     @property
     def saturation(self) -> float:
@@ -183,12 +199,22 @@ def admit(
         else:
             seconds = float(waiting_for)  # no completions seen yet: about one per second
         retry_after[band] = _ladder(seconds, settings=settings)
+    by_lane: dict[str, dict[Band, dict[str, int]]] = {}
+    for node, bands in load.lanes_by_envoy.items():
+        for band, lanes in bands.items():
+            if band != "critical" and len(lanes) > 1 and node in by_envoy:
+                # The Envoy's part, split again over the band's lanes (each its own
+                # cluster and circuit breaker) the same way, one place each first.
+                by_lane.setdefault(node, {})[band] = split_budget(
+                    by_envoy[node][band], lanes, floor=1, horizon_s=horizon_s
+                )
     return PoolAdmission(
         capacity=capacity,
         budget=budget,
         max_requests=max_requests,
         by_envoy=by_envoy,
         demand=load.by_envoy,
+        by_lane=by_lane,
         retry_after_s=retry_after,
         in_flight=in_flight,
     )
