@@ -1,6 +1,7 @@
 """Mutual TLS on the gRPC port, with a real Envoy: the gateway works end to end over it; a
 client without a certificate, with one of another CA, or with a node id its certificate
-is not for cannot fetch resources or move any limit; a certificate rotated on disk is
+is not for cannot fetch resources, report load (LRS) or log long prompts (ALS), so it
+cannot move any limit or weight; a certificate rotated on disk is
 used by the next connection, and Envoy's stream stays up meanwhile."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import yaml
 from cryptography import x509
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import load_report_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
 
@@ -156,6 +159,31 @@ async def _report_load(channel: grpc.aio.Channel, node_id: str) -> grpc.StatusCo
         call.cancel()
 
 
+async def _log_long_prompt(channel: grpc.aio.Channel, node_id: str) -> grpc.StatusCode | None:
+    """Log a long prompt starting over ALS as `node_id`; the status the stream failed
+    with, or None if the server took it."""
+    stub = als_pb2_grpc.AccessLogServiceStub(channel)
+    call = stub.StreamAccessLogs()
+    entry = accesslog_pb2.HTTPAccessLogEntry(
+        common_properties=accesslog_pb2.AccessLogCommon(
+            upstream_cluster="pool/standard", access_log_type=accesslog_pb2.UpstreamPoolReady
+        )
+    )
+    identifier = als_pb2.StreamAccessLogsMessage.Identifier(node=base_pb2.Node(id=node_id))
+    try:
+        await call.write(
+            als_pb2.StreamAccessLogsMessage(
+                identifier=identifier,
+                http_logs=als_pb2.StreamAccessLogsMessage.HTTPAccessLogEntries(log_entry=[entry]),
+            )
+        )
+        await call.done_writing()
+        await asyncio.wait_for(call, 20)
+        return None
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+
+
 def _served_serial(port: int, client: IssuedCertificate) -> int:
     """The serial number of the certificate a new TLS connection to `port` is served."""
     context = ssl.create_default_context(cafile=str(client.ca))
@@ -197,15 +225,17 @@ async def test_the_gateway_over_mutual_tls_refuses_strangers_and_takes_a_rotated
             async with _channel(app, pki, client) as channel:
                 assert await _fetch_clusters(channel, "envoy-1") == grpc.StatusCode.UNAVAILABLE
                 assert await _report_load(channel, "envoy-1") == grpc.StatusCode.UNAVAILABLE
+                assert await _log_long_prompt(channel, "envoy-1") == grpc.StatusCode.UNAVAILABLE
         # Envoy 1's certificate, speaking for another node: refused, and counted.
         async with _channel(app, pki, pki.envoy) as channel:
             denied = grpc.StatusCode.PERMISSION_DENIED
             assert await _fetch_clusters(channel, "envoy-evil") == denied
             assert await _report_load(channel, "envoy-evil") == denied
+            assert await _log_long_prompt(channel, "envoy-evil") == denied
             # As itself, it may fetch (it is Envoy 1's certificate after all).
             assert await _fetch_clusters(channel, "envoy-1") is None
         registry = app.telemetry.registry
-        for service in ("ads", "lrs"):
+        for service in ("ads", "lrs", "als"):
             labels = {"service": service, "reason": "identity_mismatch"}
             assert (registry.get_sample_value(refusals, labels) or 0) >= 1, service
         # No limit moved: no fake report was taken.
