@@ -244,9 +244,10 @@ class Controller:
         yet, and the first config came less than a scrape timeout and interval ago.
 
         A restarted server (or a new replica) that pushed before its pods were scraped would
-        push placeholder weights (the median) and then the real ones: Envoy would be sent
-        twice what it already holds. Waiting for the pods' first word makes the first
-        snapshot the one the server had before, byte for byte, while nothing changed.
+        push its pods out of rotation (a pod never scraped gets no traffic) and then back:
+        Envoy would be sent twice what it already holds, and traffic would shift meanwhile.
+        Waiting for the pods' first word makes the first snapshot the one the server had
+        before, byte for byte, while nothing changed.
         """
         if self.snapshot is not None or inputs.signals is None or self._first_config_at is None:
             return False
