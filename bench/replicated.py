@@ -211,10 +211,16 @@ async def _agreed(
         want = mine["limits"][pool]["standard"]
         runtime = json.loads(await envoy.admin_get("/runtime"))
         entries = runtime.get("entries", {})
-        for cluster in standard_clusters:
-            held = entries.get(max_requests_key(cluster), {}).get("final_value")
-            if held != str(want):
-                return f"Envoy {node_id} enforces {held} on {cluster}, its replica says {want}"
+        # The band's lanes (one cluster each) share the Envoy's limit.
+        held = [
+            entries.get(max_requests_key(cluster), {}).get("final_value")
+            for cluster in standard_clusters
+        ]
+        if None in held or sum(int(h) for h in held) != want:
+            return (
+                f"Envoy {node_id} enforces {held} on {standard_clusters},"
+                f" its replica says {want} in all"
+            )
     return None
 
 
