@@ -4,7 +4,7 @@ from typing import Any
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
-from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
+from envoy.extensions.load_balancing_policies.maglev.v3 import maglev_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
 
@@ -18,7 +18,7 @@ from xds_server.envoy import (
 )
 from xds_server.envoy.clusters import (
     LEAST_REQUEST_POLICY,
-    RING_HASH_POLICY,
+    MAGLEV_POLICY,
     ROUND_ROBIN_POLICY,
     SUBSET_POLICY,
 )
@@ -179,14 +179,14 @@ def test_the_session_cluster_hashes_with_bounded_load(affinity_config: RoutingCo
     assert session.connect_timeout == build_cluster(affinity_config, pool).connect_timeout
     # The pool has adapters, so the ring sits inside the subset balancer too.
     _, child = _subset_of(session)
-    assert child.name == RING_HASH_POLICY
-    ring = ring_hash_pb2.RingHash()
+    assert child.name == MAGLEV_POLICY
+    ring = maglev_pb2.Maglev()
     assert child.typed_config.Unpack(ring)
     assert ring.consistent_hashing_lb_config.hash_balance_factor.value == 175
     # Without adapters: the ring itself.
     no_adapters = pool.model_copy(update={"adapters": ()})
     policy = _policy_of(build_session_cluster(affinity_config, no_adapters))
-    assert policy.name == RING_HASH_POLICY
+    assert policy.name == MAGLEV_POLICY
     assert policy.typed_config.Unpack(ring)
     assert ring.consistent_hashing_lb_config.hash_balance_factor.value == 175
 
@@ -246,7 +246,7 @@ def test_bias_applies_inside_the_subset_balancer(affinity_config: RoutingConfig)
         policy = _policy_of(cluster)
         if policy.name == SUBSET_POLICY:
             _, child = _subset_of(cluster)
-            assert child.name in (ROUND_ROBIN_POLICY, RING_HASH_POLICY)
+            assert child.name in (ROUND_ROBIN_POLICY, MAGLEV_POLICY)
 
 
 def _with_flow_control(config: RoutingConfig) -> RoutingConfig:

@@ -202,8 +202,21 @@ def test_a_draining_config_endpoint_is_draining(affinity_config: RoutingConfig) 
     drained = plain.model_copy(
         update={"endpoints": (plain.endpoints[0].model_copy(update={"draining": True}),)}
     )
-    config = affinity_config.model_copy(
-        update={"pools": (*affinity_config.pools[:2], drained)}
-    )
+    config = affinity_config.model_copy(update={"pools": (*affinity_config.pools[:2], drained)})
     (endpoint,) = _endpoints(_by_pool(build_endpoints(config))["plain"])
     assert endpoint["health"] == "DRAINING"
+
+
+def test_a_spilling_pod_is_unhealthy_on_the_ring_only(affinity_config: RoutingConfig) -> None:
+    """A pod that queues stays in the pool's rotation (its load weight cut) but leaves the
+    session assignment's healthy set: its keys go to the next pod until it recovers."""
+    state = _state(
+        "llm",
+        EndpointState(
+            address="10.0.0.3", port=8001, weight=10, ring_weight=100_000, ring_spill=True
+        ),
+        EndpointState(address="10.0.0.9", port=8000, weight=900, ring_weight=100_000),
+    )
+    by_pool = _by_pool(build_endpoints(affinity_config, state))
+    assert [e["health"] for e in _endpoints(by_pool["llm"])] == ["HEALTHY", "HEALTHY"]
+    assert [e["health"] for e in _endpoints(by_pool["llm/session"])] == ["UNHEALTHY", "HEALTHY"]

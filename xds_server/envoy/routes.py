@@ -76,7 +76,7 @@ request by weight.
   the pool's subset balancer (clusters.py) sends it to A's holders, or, when no healthy
   pod holds A, over the whole pool.
 - **Session affinity.** In a pool with `session_affinity`, routes 1 and 2 each come in
-  three, all but the last to the pool's session cluster (ring hash with bounded load,
+  three, all but the last to the pool's session cluster (Maglev with bounded load,
   clusters.py) with a hash policy on names.SESSION_HEADER:
   a. `session-<kind>/M`: the same match, and the client sent a non-empty
      names.SESSION_HEADER;

@@ -262,6 +262,28 @@ def _score(signals: PodSignals, capacity: float, settings: BalancingConfig) -> f
     return float(math.prod(value**exponent for value, exponent in factors if exponent))
 
 
+def _spilling(
+    pool: PoolConfig,
+    healthy: list[str],
+    fresh: Mapping[str, PodSignals],
+    long_prompts: Mapping[str, int],
+    settings: BalancingConfig,
+) -> frozenset[str]:
+    """The pods of a session-affinity pool whose keys spill to the next pod on the ring:
+    those that queue (more waiting than `queue_slack`, the signal that cuts their weight)
+    or hold a long prompt's prefill. None when every healthy pod would: the pool is full
+    everywhere, and moving keys would only lose their cached prefixes."""
+    if not pool.session_affinity:
+        return frozenset()
+    spill = frozenset(
+        key
+        for key in healthy
+        if long_prompts.get(key, 0) > 0
+        or (key in fresh and fresh[key].waiting > settings.queue_slack)
+    )
+    return frozenset() if spill >= set(healthy) else spill
+
+
 def score_pool(
     pool: PoolConfig,
     *,
@@ -340,6 +362,7 @@ def score_pool(
         if pool.adapters
         else {}
     )
+    spilling = _spilling(pool, healthy, fresh, long_prompts, settings)
     states = []
     for endpoint in pool.endpoints:
         key = endpoint_id(endpoint)
@@ -366,6 +389,7 @@ def score_pool(
                 else (),
                 hardware=endpoint.hardware,
                 long_prompts=long_prompts.get(key, 0),
+                ring_spill=key in spilling,
             )
         )
     return ScoredPool(

@@ -37,6 +37,10 @@ class EndpointState:
     hardware: str | None = None
     # Long prompts holding the pod (prefilling, as the Envoys told): its weight is cut for them.
     long_prompts: int = 0
+    # The pod queues: off the session-affinity table for now (UNHEALTHY in the session
+    # assignment only), so new requests of its keys go to other pods and come back when
+    # it recovers; other pods' keys do not move.
+    ring_spill: bool = False
 
     @property
     def id(self) -> str:

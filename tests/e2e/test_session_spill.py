@@ -1,0 +1,126 @@
+"""Keyed traffic stays load-aware, through a real Envoy: a session key sticks to its pod
+while that pod is healthy and does not queue; when it queues, new requests of its keys go
+to the next pod on the ring, and come back once it recovers. Keys of other pods never
+move."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from tests.e2e.conftest import eventually
+from xds_server.config import RoutingConfig
+from xds_testbed.gateway import run_local_gateway
+
+POD_HEADER = "x-test-pod"
+
+_PAGE = """\
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{{model_name="m"}} {waiting}
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="m"}} 1
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{{model_name="m"}} 0.2
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{{block_size="16",num_gpu_blocks="5000"}} 1
+"""
+
+
+class Pod:
+    """A model server double: a vLLM-style /metrics page with a settable queue, and a chat
+    endpoint that says which pod answered."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.port = 0
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=_PAGE.format(waiting=self.waiting), content_type="text/plain")
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        await request.read()
+        body = {"object": "chat.completion", "choices": [], "model": "m"}
+        return web.json_response(body, headers={POD_HEADER: str(self.port)})
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[Pod]:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        self.port = int(runner.addresses[0][1])
+        try:
+            yield self
+        finally:
+            await runner.cleanup()
+
+
+async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(tmp_path: Path) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
+        config = RoutingConfig.model_validate(
+            {
+                "listener": {"address": "127.0.0.1", "port": 0},
+                "updates": {"debounce_s": 0.02},
+                "balancing": {"scrape_interval_s": 0.1, "smoothing": 1.0},
+                "pools": [
+                    {
+                        "name": "gpu",
+                        "models": ["m"],
+                        "session_affinity": True,
+                        "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in pods],
+                    }
+                ],
+            }
+        )
+        path = tmp_path / "config.yaml"
+        path.write_text(config.model_dump_json())
+        gateway = await stack.enter_async_context(run_local_gateway(path, config_poll_s=3600))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+
+        async def served(user: str) -> int:
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": user}
+            async with http.post(f"{gateway.url}/v1/chat/completions", json=body) as response:
+                assert response.status == 200, await response.text()
+                return int(response.headers[POD_HEADER])
+
+        # Where each of 60 keys lives while no pod queues (all three pods in rotation).
+        async def homes() -> dict[str, int] | None:
+            found = {f"user-{i}": await served(f"user-{i}") for i in range(60)}
+            return found if len(set(found.values())) == 3 else None
+
+        home = await eventually(homes, within_s=20, what="keys on all three pods")
+        hot, cold = pods[0].port, pods[1].port
+        hot_keys = [k for k, p in home.items() if p == hot]
+        cold_keys = [k for k, p in home.items() if p == cold]
+        assert hot_keys and cold_keys
+        # Sticky: asked again, every key answers from the same pod.
+        assert {k: await served(k) for k in home} == home
+
+        # The hot pod queues: its keys spill to the next pods on the ring, and no other
+        # key moves.
+        pods[0].waiting = 8
+
+        async def spilled() -> bool:
+            return all([await served(k) != hot for k in hot_keys])
+
+        await eventually(spilled, within_s=20, what="the hot pod's keys to spill")
+        for key in cold_keys:
+            assert await served(key) == cold, key
+        for key in (k for k, p in home.items() if p not in (hot, cold)):
+            assert await served(key) == home[key], key
+
+        # It recovers: its keys come back (their cached prefixes are there).
+        pods[0].waiting = 0
+
+        async def returned() -> bool:
+            return all([await served(k) == hot for k in hot_keys])
+
+        await eventually(returned, within_s=20, what="the hot pod's keys to come back")
+        assert {k: await served(k) for k in home} == home
