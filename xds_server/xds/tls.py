@@ -49,14 +49,13 @@ class TlsCredentials:
     """The server's TLS material, reloaded from `files` when they change.
 
     Mutable state: the last good material, behind a lock (gRPC calls `_fetch` from its own
-    threads). `reloads` counts the certificates taken since the start.
+    threads).
     """
 
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
         self._lock = threading.Lock()
         self._loaded = self._load()
-        self.reloads = 0
 
     def _signature(self) -> tuple[tuple[int, int], ...]:
         stats = [path.stat() for path in self.files.paths()]
@@ -101,7 +100,6 @@ class TlsCredentials:
                 logger.error("Cannot reload the TLS files: %s. Keeping the last good ones.", exc)
                 return None
             self._loaded = loaded
-            self.reloads += 1
         logger.info("TLS certificate reloaded from %s.", self.files.cert)
         return self._configuration(loaded)
 
