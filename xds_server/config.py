@@ -281,6 +281,14 @@ class BalancingConfig(_Strict):
     # request sent there waits behind it. 32 KiB is about 8k tokens of English in JSON.
     long_prompt_bytes: Annotated[int, Field(ge=0)] = 32_768
     long_prompt_weight_factor: Annotated[float, Field(gt=0, le=1)] = 0.01
+    # In a pool with session affinity, a request without a session key is keyed by the
+    # first this many bytes of its body's `prompt` as JSON text (0: off), and sticks to a
+    # pod like a keyed one. Envoy reaches only a completions `prompt` string of at most
+    # 8 KiB: not a chat's messages, nor a longer prompt (README). Off by default: it moves
+    # every keyless completion of such a pool onto the consistent-hash ring, and too few
+    # bytes pile prompts that share only a template's opening onto one pod; set it to the
+    # length of the prefixes the clients share (512 bytes is about 128 tokens of English).
+    prefix_key_bytes: Annotated[int, Field(ge=0, le=8192)] = 0
 
 
 class ModelBands(_Strict):

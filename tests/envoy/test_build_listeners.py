@@ -23,6 +23,8 @@ from xds_server.envoy.listeners import (
     JSON_CONTENT_TYPES,
     JSON_TO_METADATA_FILTER,
     LONG_PROMPT_LOG,
+    PROMPT_KEY,
+    PROMPT_NAMESPACE,
     ROUTER_FILTER,
 )
 
@@ -249,6 +251,41 @@ def test_session_affinity_adds_the_session_key_and_header_mutation(
         assert rule.on_present.type == json_to_metadata_pb2.JsonToMetadata.STRING
         assert not rule.on_present.HasField("value")
         assert not rule.HasField("on_missing") and not rule.HasField("on_error")
+
+
+def _with_prefix_keys(config: RoutingConfig, prefix_bytes: int) -> RoutingConfig:
+    balancing = config.balancing.model_copy(update={"prefix_key_bytes": prefix_bytes})
+    return config.model_copy(update={"balancing": balancing})
+
+
+def test_prefix_keys_read_the_prompt_into_its_own_namespace(
+    affinity_config: RoutingConfig,
+) -> None:
+    hcm = hcm_of(build_listeners(_with_prefix_keys(affinity_config, 64))[0])
+    jtm = json_to_metadata_pb2.JsonToMetadata()
+    assert hcm.http_filters[0].typed_config.Unpack(jtm)
+    *_, prompt_rule = jtm.request_rules.rules
+    assert [s.key for s in prompt_rule.selectors] == [PROMPT_KEY] == ["prompt"]
+    # Alone in its namespace: the routes print the namespace whole, as JSON.
+    assert prompt_rule.on_present.metadata_namespace == PROMPT_NAMESPACE != names.METADATA_NAMESPACE
+    assert prompt_rule.on_present.key == PROMPT_KEY
+    assert prompt_rule.on_present.type == json_to_metadata_pb2.JsonToMetadata.STRING
+    assert not prompt_rule.HasField("on_missing") and not prompt_rule.HasField("on_error")
+
+
+def test_prefix_keys_are_off_by_default_and_without_session_affinity(
+    affinity_config: RoutingConfig,
+) -> None:
+    def selectors(config: RoutingConfig) -> list[list[str]]:
+        jtm = json_to_metadata_pb2.JsonToMetadata()
+        assert hcm_of(build_listeners(config)[0]).http_filters[0].typed_config.Unpack(jtm)
+        return [[s.key for s in r.selectors] for r in jtm.request_rules.rules]
+
+    assert affinity_config.balancing.prefix_key_bytes == 0
+    assert ["prompt"] not in selectors(affinity_config)
+    pools = tuple(p.model_copy(update={"session_affinity": False}) for p in affinity_config.pools)
+    no_affinity = affinity_config.model_copy(update={"pools": pools})
+    assert selectors(_with_prefix_keys(no_affinity, 64)) == [[names.MODEL_KEY]]
 
 
 def test_without_session_affinity_the_filters_stay_as_they_were(

@@ -11,8 +11,8 @@ from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from tests.envoy.conftest import AFFINITY_YAML
 from xds_server.config import RoutingConfig, parse_config
 from xds_server.envoy import build_routes, names
-from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
-from xds_server.envoy.routes import MAX_SESSION_KEY_CHARS, SESSION_KEY_REGEX
+from xds_server.envoy.listeners import HEADER_MUTATION_FILTER, PROMPT_KEY, PROMPT_NAMESPACE
+from xds_server.envoy.routes import MAX_SESSION_KEY_CHARS, PROMPT_PREFIX_REGEX, SESSION_KEY_REGEX
 from xds_server.errors import ResourceBuildError
 
 
@@ -314,6 +314,71 @@ def test_session_key_regex() -> None:
         assert re.fullmatch(SESSION_KEY_REGEX, accepted), accepted
     for refused in ("", "a\nb", "a\r\nx-injected: 1", "a\x00", "tab\there", "del\x7f"):
         assert not re.fullmatch(SESSION_KEY_REGEX, refused), refused
+
+
+def _with_prefix_keys(config: RoutingConfig, prefix_bytes: int) -> RoutingConfig:
+    balancing = config.balancing.model_copy(update={"prefix_key_bytes": prefix_bytes})
+    return config.model_copy(update={"balancing": balancing})
+
+
+def test_prefix_routes_come_after_the_session_keys_and_before_long_prompts(
+    affinity_config: RoutingConfig,
+) -> None:
+    names_ = [r.name for r in _routes(_with_prefix_keys(affinity_config, 64))]
+    for kind in ("model", "header"):
+        start = names_.index(f"session-{kind}/base")
+        assert names_[start : start + 5] == [
+            f"session-{kind}/base",
+            f"session-key-{kind}/base",
+            f"prefix-{kind}/base",
+            f"long-{kind}/base",
+            f"{kind}/base",
+        ]
+    # Only pools with session affinity; off by default.
+    assert not any(n.startswith("prefix-") and "plain" in n for n in names_)
+    assert not any(n.startswith("prefix-") for n in (r.name for r in _routes(affinity_config)))
+
+
+def test_prefix_route_hashes_the_prompts_first_bytes_as_json(
+    affinity_config: RoutingConfig,
+) -> None:
+    by_name = {r.name: r for r in _routes(_with_prefix_keys(affinity_config, 64))}
+    route = by_name["prefix-model/lora-a"]
+    session = by_name["session-key-model/lora-a"]
+    assert route.route.cluster == "llm/session"
+    assert route.route.hash_policy == session.route.hash_policy
+    assert route.route.metadata_match == session.route.metadata_match
+    assert route.route.retry_policy == session.route.retry_policy
+    model_matcher, prompt_matcher = route.match.dynamic_metadata
+    assert model_matcher.value.string_match.exact == "lora-a"
+    assert prompt_matcher.filter == PROMPT_NAMESPACE
+    assert [p.key for p in prompt_matcher.path] == [PROMPT_KEY]
+    assert prompt_matcher.value.string_match.safe_regex.regex == PROMPT_PREFIX_REGEX
+    per_route = header_mutation_pb2.HeaderMutationPerRoute()
+    assert route.typed_per_filter_config[HEADER_MUTATION_FILTER].Unpack(per_route)
+    (mutation,) = per_route.mutations.request_mutations
+    assert mutation.append.header.key == names.SESSION_HEADER
+    # The namespace printed as JSON, `{"prompt":"` (11 bytes) and 64 bytes of the prompt.
+    assert mutation.append.header.value == "%DYNAMIC_METADATA(llm.prompt):75%"
+    assert mutation.append.append_action == base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def test_prompt_prefix_regex() -> None:
+    # Control characters are escaped in the JSON the header carries; DEL is not.
+    for accepted in ("a\nb", "tab\there", "nul\x00", "é", "x" * 9000):
+        assert re.fullmatch(PROMPT_PREFIX_REGEX, accepted), accepted
+    for refused in ("", "del\x7f", "\x7f"):
+        assert not re.fullmatch(PROMPT_PREFIX_REGEX, refused), refused
+
+
+def test_prefix_routes_come_per_band_with_flow_control(affinity_config: RoutingConfig) -> None:
+    flow = affinity_config.flow_control.model_copy(update={"enabled": True})
+    config = _with_prefix_keys(affinity_config, 32).model_copy(update={"flow_control": flow})
+    routes = [r for r in _routes(config) if r.name.startswith("prefix-model/base/")]
+    assert routes
+    for route in routes:
+        band = route.name.split("/")[2]
+        assert route.route.cluster == f"llm/session/{band}"
 
 
 def test_pools_without_affinity_route_as_before(config: RoutingConfig) -> None:

@@ -12,9 +12,17 @@ One listener, one HTTP connection manager (HCM), and its HTTP filters:
    `user` when there is no `prompt_cache_key` (rules run in order and a later write to the
    same key wins, so `user` comes first). As strings (a number becomes its digits); an
    empty string, an object or a value over Envoy's 8 KiB limit writes nothing.
+   With `balancing.prefix_key_bytes` above 0 it also writes the body's `prompt` (the
+   completions API's, a string) into PROMPT_NAMESPACE, a namespace of its own: the routes
+   print that namespace as JSON and cut it to the prefix (routes.py). Verified on Envoy
+   1.40: the limit is 8,192 bytes of the decoded string (UTF-8), and a longer prompt
+   writes nothing (json_to_metadata cannot cut a value: the rule fails as if the key were
+   missing); a list or an object writes nothing either, and a selector is a path of
+   object keys only, so a chat's `messages[0].content` (in an array) is out of reach.
 2. Only with session affinity: `envoy.filters.http.header_mutation`, with no mutations of
    its own. The session routes give it one each (per-route config) that writes the body's
-   session key into names.SESSION_HEADER for their hash policy (routes.py).
+   session key, or the prompt's prefix, into names.SESSION_HEADER for their hash policy
+   (routes.py).
 3. `envoy.filters.http.router` forwards; responses are never buffered (no buffer or
    compressor filter), so server-sent events reach the client chunk by chunk. When a pool
    has a long-prompt lane (config.lanes), its upstream log sends the upstream streams of
@@ -92,6 +100,8 @@ __all__ = [
     "JSON_TO_METADATA_FILTER",
     "LONG_PROMPT_LOG",
     "LONG_PROMPT_LOG_INTERVAL_S",
+    "PROMPT_KEY",
+    "PROMPT_NAMESPACE",
     "RETRY_AFTER_HEADER",
     "ROUTER_FILTER",
     "UNAVAILABLE_RETRY_AFTER_S",
@@ -104,6 +114,10 @@ JSON_TO_METADATA_FILTER = "envoy.filters.http.json_to_metadata"
 # Present only when a pool has session affinity; the session routes configure it.
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
 ROUTER_FILTER = "envoy.filters.http.router"
+# The body's `prompt` when prompt-prefix keys are on, alone in its namespace: the routes
+# print the whole namespace, `{"prompt":"<the prompt, JSON-escaped>"}` (routes.py).
+PROMPT_NAMESPACE = "llm.prompt"
+PROMPT_KEY = "prompt"
 # The router's upstream log of long prompts: Envoy's gRPC access logger, its log name, and
 # how often a long prompt's stream is logged while it lasts (the end of its prefill is known
 # that much later; xds/access_logs.py reads the entries).
@@ -185,6 +199,8 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
         stream_idle_timeout=_protos.duration(listen.stream_idle_timeout_s),
         http_filters=_http_filters(
             sessions=any(p.session_affinity for p in config.pools),
+            prompts=any(p.session_affinity for p in config.pools)
+            and config.balancing.prefix_key_bytes > 0,
             long_prompt_bytes=config.balancing.long_prompt_bytes
             if any("long" in config.lanes(p) for p in config.pools)
             else None,
@@ -193,10 +209,11 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
     )
 
 
-def _http_filters(*, sessions: bool, long_prompt_bytes: int | None) -> list[_Any]:
+def _http_filters(*, sessions: bool, prompts: bool, long_prompt_bytes: int | None) -> list[_Any]:
     filters = [
         hcm_pb2.HttpFilter(
-            name=JSON_TO_METADATA_FILTER, typed_config=_protos.pack(_json_to_metadata(sessions))
+            name=JSON_TO_METADATA_FILTER,
+            typed_config=_protos.pack(_json_to_metadata(sessions, prompts=prompts)),
         )
     ]
     if sessions:
@@ -245,7 +262,7 @@ def _long_prompt_log(long_prompt_bytes: int) -> _Any:
     )
 
 
-def _json_to_metadata(sessions: bool) -> _Any:
+def _json_to_metadata(sessions: bool, *, prompts: bool = False) -> _Any:
     jtm = json_to_metadata_pb2.JsonToMetadata
 
     def write(key: str, value: str | None = None) -> _Any:
@@ -277,6 +294,16 @@ def _json_to_metadata(sessions: bool) -> _Any:
             )
             for key in reversed(names.SESSION_BODY_KEYS)
         ]
+    if prompts:
+        rules.append(
+            jtm.Rule(
+                selectors=[jtm.Selector(key=PROMPT_KEY)],
+                # STRING: an empty prompt writes nothing (no key to hash).
+                on_present=jtm.KeyValuePair(
+                    metadata_namespace=PROMPT_NAMESPACE, key=PROMPT_KEY, type=jtm.STRING
+                ),
+            )
+        )
     return jtm(
         request_rules=jtm.MatchRules(
             rules=rules,

@@ -76,14 +76,20 @@ request by weight.
   the pool's subset balancer (clusters.py) sends it to A's holders, or, when no healthy
   pod holds A, over the whole pool.
 - **Session affinity.** In a pool with `session_affinity`, routes 1 and 2 each come in
-  three, all but the last to the pool's session cluster (Maglev with bounded load,
-  clusters.py) with a hash policy on names.SESSION_HEADER:
+  three (four with prompt-prefix keys), all but the last to the pool's session cluster
+  (Maglev with bounded load, clusters.py) with a hash policy on names.SESSION_HEADER:
   a. `session-<kind>/M`: the same match, and the client sent a non-empty
      names.SESSION_HEADER;
   b. `session-key-<kind>/M`: the same match, and `llm:session_key` (the body's
      `prompt_cache_key`, else `user`; listeners.py) is a non-empty string without control
      characters. Its per-route header_mutation config writes that key, cut to
      MAX_SESSION_KEY_CHARS, into names.SESSION_HEADER before the router hashes it;
+  b'. only with `balancing.prefix_key_bytes` above 0: `prefix-<kind>/M`, the same match,
+     and the body's `prompt` is a string (of at most 8 KiB: listeners.py) without DEL
+     (PROMPT_PREFIX_REGEX). Its header_mutation writes the prompt's first
+     `prefix_key_bytes` bytes as JSON text into names.SESSION_HEADER (JSON escapes the
+     control characters a header cannot carry), so prompts that share that prefix go to
+     one pod. Only completions: a chat's messages are out of json_to_metadata's reach;
   c. the plain route to the pool's cluster (weighted least request), for requests
      without a key.
   Why not one filter-wide mutation and one "header present" route: a hash policy reads
@@ -122,6 +128,7 @@ slowest rather than retrying too soon), and its `pool` lists them.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -148,7 +155,7 @@ from xds_server.config import (
     RoutingConfig,
 )
 from xds_server.envoy import _error_bodies, _protos, names
-from xds_server.envoy.listeners import HEADER_MUTATION_FILTER
+from xds_server.envoy.listeners import HEADER_MUTATION_FILTER, PROMPT_KEY, PROMPT_NAMESPACE
 from xds_server.errors import ResourceBuildError
 from xds_server.policy.admission import PoolAdmission
 
@@ -160,6 +167,7 @@ __all__ = [
     "MODELS_PATH",
     "MODEL_CREATED",
     "PREVIOUS_HOSTS_PREDICATE",
+    "PROMPT_PREFIX_REGEX",
     "RETRY_ON",
     "SESSION_KEY_REGEX",
     "build_routes",
@@ -207,6 +215,15 @@ SESSION_KEY_REGEX = r"[^\x00-\x1f\x7f]+"
 # The body session key is cut to this many bytes in the header: it is a hash key, and a
 # long `user` must not become a long upstream header.
 MAX_SESSION_KEY_CHARS = 256
+
+# A prompt is a hash key only without DEL (RE2, whole value): the header carries it as JSON
+# text, where every other control character is escaped (`\n`, `\u0001`), but DEL is not,
+# and Envoy 1.40 refuses a header value with it (503 `invalid header value`).
+PROMPT_PREFIX_REGEX = r"[^\x7f]+"
+
+# `{"prompt":"`: what the prompt's namespace printed as JSON starts with (routes cut the
+# header after the prefix: `balancing.prefix_key_bytes` more bytes).
+_PROMPT_JSON_OPENING = len(f'{{"{PROMPT_KEY}":"')
 
 # The end of the long-prompt route's content-length range (exclusive): no end.
 _MAX_INT64 = 2**63 - 1
@@ -455,7 +472,8 @@ def _to_pool(
     band: Band | None = None,
 ) -> list[_Any]:
     """The routes of `model` for one `match`: `<kind>/<model>`, preceded in a pool with session
-    affinity by the session routes for a client's key and for a body's, and in a pool with a
+    affinity by the session routes for a client's key, for a body's and for a prompt's
+    prefix (when `prefix_key_bytes` is set), and in a pool with a
     long-prompt lane by the long-prompt route (module docstring); to the clusters of `band`
     when given (flow control)."""
     routes = []
@@ -484,6 +502,23 @@ def _to_pool(
         route = _route(f"session-key-{kind}/{model}", by_body, action, model)
         route.typed_per_filter_config[HEADER_MUTATION_FILTER].CopyFrom(_SESSION_KEY_TO_HEADER)
         routes.append(route)
+        prefix_bytes = config.balancing.prefix_key_bytes
+        if prefix_bytes > 0:
+            by_prompt = rc_pb2.RouteMatch()
+            by_prompt.CopyFrom(match)
+            by_prompt.dynamic_metadata.append(
+                metadata_pb2.MetadataMatcher(
+                    filter=PROMPT_NAMESPACE,
+                    path=[metadata_pb2.MetadataMatcher.PathSegment(key=PROMPT_KEY)],
+                    value=_string(regex=PROMPT_PREFIX_REGEX),
+                )
+            )
+            action = _action(config, session_cluster, model, adapter=adapter, hashed=True)
+            route = _route(f"prefix-{kind}/{model}", by_prompt, action, model)
+            route.typed_per_filter_config[HEADER_MUTATION_FILTER].CopyFrom(
+                _prompt_prefix_to_header(prefix_bytes)
+            )
+            routes.append(route)
     if "long" in lanes:
         long_prompt = rc_pb2.RouteMatch()
         long_prompt.CopyFrom(match)
@@ -591,6 +626,25 @@ def _session_key_to_header() -> _Any:
         f"%DYNAMIC_METADATA({names.METADATA_NAMESPACE}:{names.SESSION_KEY})"
         f":{MAX_SESSION_KEY_CHARS}%"
     )
+    return _header_from(value)
+
+
+@functools.cache
+def _prompt_prefix_to_header(prefix_bytes: int) -> _Any:
+    """Per-route header_mutation: names.SESSION_HEADER from the first `prefix_bytes` bytes
+    of the prompt as JSON text.
+
+    The prompt's namespace is printed whole, as JSON (`{"prompt":"..."}`), not the prompt
+    itself: a prompt's newline would make the header value invalid, its JSON escape does
+    not. The formatter's `:N` cuts bytes (a multi-byte character may be cut: Envoy sends
+    the header all the same, verified on 1.40).
+    """
+    value = f"%DYNAMIC_METADATA({PROMPT_NAMESPACE}):{_PROMPT_JSON_OPENING + prefix_bytes}%"
+    return _header_from(value)
+
+
+def _header_from(value: str) -> _Any:
+    """Per-route header_mutation: names.SESSION_HEADER set to the format string `value`."""
     return _protos.pack(
         header_mutation_pb2.HeaderMutationPerRoute(
             mutations=header_mutation_pb2.Mutations(
