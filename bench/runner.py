@@ -12,6 +12,8 @@ Policies:
   project        this project's control plane (today: weighted least request, equal weights;
                  GPU-aware weights arrive with the balancing issue)
   oracle         a router inside the simulator with exact pod state: the limit
+  vllm_router_*  a real per-request router (`vllm-router`, bench/peers.py) in front of the
+                 same pods instead of Envoy, one policy each; asked for by name only
 
 Scenario g (faults) runs its fault schedule beside the replay (`_inject_faults`): the
 times are taken from the first request the fleet sees, and reported from the trace's
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
+from bench.peers import PEER_POLICIES, peer_versions, run_vllm_router
 from bench.reaction import measure_reaction
 from bench.replicated import (
     REPLICAS_NOTES,
@@ -65,19 +68,23 @@ from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 from xds_testbed.gateway import LocalGateway, run_local_gateway
 
-__all__ = ["POLICIES", "RunOptions", "policies_of", "run_benchmark"]
+__all__ = ["ALL_POLICIES", "POLICIES", "RunOptions", "policies_of", "run_benchmark"]
 
 logger = logging.getLogger(__name__)
 
 POLICIES = ("round_robin", "least_request", "project", "oracle")
+# Every policy `--policies` accepts: the default ones and the peers.
+ALL_POLICIES = (*POLICIES, *PEER_POLICIES)
 # The project's pool in every scenario's routing config.
 _POOL = "llm"
 
 
 def policies_of(scenario: Scenario, wanted: Sequence[str]) -> tuple[list[str], list[str]]:
     """The policies of `wanted` that `scenario` runs, and those it leaves out (the oracle
-    has no admission for f; f2's replicas share flow control, which only the project has)."""
-    runs = scenario.policies or POLICIES
+    has no admission for f; f2's replicas share flow control, which only the project has;
+    a peer has no Envoy for g's faults to be measured in)."""
+    plain = scenario.faults is None and scenario.replicas is None
+    runs = scenario.policies or (ALL_POLICIES if plain else POLICIES)
     return [p for p in wanted if p in runs], [p for p in wanted if p not in runs]
 
 
@@ -285,7 +292,14 @@ async def _run_policy(
     ):
         config = _routing(scenario, policy, endpoints, project_balancing=options.project_balancing)
         counters = _CounterSampler(fleet)
-        if scenario.replicas is not None:
+        if policy in PEER_POLICIES:
+            async with counters.running():
+                result, extra_figures = await _replay_on_peer(
+                    scenario, policy, endpoints, trace_path=trace_path, workdir=workdir
+                )
+            sim_lag = _simulator_lag(fleet)
+            end = _EngineCounters.of(fleet)
+        elif scenario.replicas is not None:
             async with counters.running():
                 result, extra_figures = await _replay_on_replicas(
                     scenario, config, fleet, trace=trace, trace_path=trace_path, workdir=workdir
@@ -356,6 +370,26 @@ async def _replay_on_gateway(
     )
     end = _EngineCounters.of(fleet)
     return result, fault_figures, sim_lag, end
+
+
+async def _replay_on_peer(
+    scenario: Scenario,
+    policy: str,
+    endpoints: Sequence[tuple[str, int]],
+    *,
+    trace_path: Path,
+    workdir: Path,
+) -> tuple[ReplayResult, dict[str, Any]]:
+    """The trace replayed through `vllm-router` with the peer's `--policy`, in front of the
+    same pods (bench/peers.py); the figures name the router's command line."""
+    workers = [f"http://{host}:{port}" for host, port in endpoints]
+    log_path = workdir / f"{trace_path.stem}-{policy}.log"
+    async with run_vllm_router(PEER_POLICIES[policy], workers=workers, log_path=log_path) as peer:
+        result = await run_replay_in_subprocess(
+            trace_path, url=peer.url, timeout_s=scenario.drain_s, max_in_flight=5000
+        )
+    command = ["vllm-router", *peer.argv[1:]]
+    return result, {"peer": {"command": " ".join(command), **peer_versions()}}
 
 
 async def _replay_on_replicas(
@@ -794,6 +828,8 @@ async def run_benchmark(
                         )
                     )
                 samples[name] = {p: [t for run in r for t in run.ttfts] for p, r in runs.items()}
+    if set(options.policies) & set(PEER_POLICIES):
+        results["peer_versions"] = peer_versions()
     if "project" in options.policies:
         progress("reaction time: pod metrics change -> Envoy applies the new weight")
         reaction = await measure_reaction(trials=options.reaction_trials)
