@@ -297,11 +297,14 @@ def _spilled(pool_signals: dict[str, PodSignals], **kw: object) -> set[str]:
 
 
 def test_a_queueing_pod_spills_its_keys_off_the_session_ring() -> None:
-    """Beyond the slack (1 waiting), or holding a long prefill: its keys go to the next pod
-    on the ring until it recovers; every pod queueing is a full pool, and nobody spills."""
+    """Queueing beyond the slack (1 waiting) plus twice the other pods' median queue, or
+    holding a long prefill: its keys go to other pods until it recovers. A surge that
+    every pod queues through moves no key."""
     assert _spilled({A: signals(waiting=3), B: signals()}) == {A}
     assert _spilled({A: signals(waiting=1), B: signals()}) == set()  # the slack
     assert _spilled({A: signals(), B: signals()}, long_prompts={B: 1}) == {B}
+    assert _spilled({A: signals(waiting=12), B: signals(waiting=4)}) == {A}  # 12 > 1 + 2 x 4
+    assert _spilled({A: signals(waiting=8), B: signals(waiting=4)}) == set()  # a surge
     assert _spilled({A: signals(waiting=3), B: signals(waiting=5)}) == set()
     # Only session pools have a ring.
     scored = score_pool(POOL, settings=SETTINGS, signals={A: signals(waiting=3)}, memory={})
