@@ -38,6 +38,7 @@ from llm_sim.loadgen.trace import (
     TraceSpec,
     TraceSummary,
     Uniform,
+    Users,
     generate_trace,
 )
 
@@ -70,6 +71,7 @@ __all__ = [
     "TraceSpec",
     "TraceSummary",
     "Uniform",
+    "Users",
     "generate_trace",
     "percentile",
     "replay",

@@ -92,8 +92,9 @@ async def replay(
     Each request is a POST to `/v1/chat/completions` with the trace's model, prompt,
     `max_tokens` and `stream`, `stream_options.include_usage` unless
     `stream_options_usage` is False, `user` and `x-session-id` set to the session (when the
-    request has one), the band in `band_header`, then the headers `headers_for(request)`
-    returns and the fields of `extra_body` (e.g. `{"ignore_eos": True}` for a real vLLM).
+    request has one; else `user` to the request's user, if any), the band in
+    `band_header`, then the headers `headers_for(request)` returns and the fields of
+    `extra_body` (e.g. `{"ignore_eos": True}` for a real vLLM).
     `timeout_s` bounds each request from send to last byte; `time_scale` stretches (> 1)
     or compresses (< 1) the schedule. Returns when every request has finished.
     """
@@ -256,6 +257,8 @@ class _Sender:
             body["stream_options"] = {"include_usage": True}
         if request.session is not None:
             body["user"] = request.session
+        elif request.user is not None:
+            body["user"] = request.user
         if request.prefix_group is not None:
             # What a client sharing a system prompt sets for cache-friendly routing (OpenAI's
             # `prompt_cache_key`); the model server ignores it.

@@ -35,6 +35,7 @@ __all__ = [
     "Sessions",
     "TraceSpec",
     "Uniform",
+    "Users",
 ]
 
 Band = Literal["critical", "standard", "sheddable"]
@@ -215,6 +216,33 @@ class Sessions(_Strict):
     turns: Annotated[int, Field(ge=1)]
 
 
+class Users(_Strict):
+    """Who sends each request, in the body's `user` field: a few heavy users and many light
+    ones (hot session keys).
+
+    A request of a class named in `heavy_classes` belongs to a heavy user, `user-heavy-<k>`
+    with probability proportional to `heavy[k]`; any other request belongs, with
+    probability `light_fraction`, to one of `light` light users (`user-light-<k>`, chosen
+    uniformly), and otherwise to nobody (no `user`). Every request of a user starts with
+    that user's own `prefix_words` words (its system prompt and context), so a pod that
+    served the user before has them in its prefix cache.
+    """
+
+    heavy: tuple[Annotated[float, Field(gt=0)], ...] = ()
+    heavy_classes: tuple[str, ...] = ()
+    light: Annotated[int, Field(ge=0)] = 0
+    light_fraction: Annotated[float, Field(ge=0, le=1)] = 0.0
+    prefix_words: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Users:
+        if bool(self.heavy) != bool(self.heavy_classes):
+            raise ValueError("heavy users need heavy_classes, and heavy_classes heavy users")
+        if self.light_fraction > 0 and self.light == 0:
+            raise ValueError("light_fraction above 0 needs light users")
+        return self
+
+
 def _default_classes() -> tuple[RequestClass, ...]:
     return (
         RequestClass(
@@ -248,6 +276,7 @@ class TraceSpec(_Strict):
     lora: Lora | None = None
     bands: BandMix = BandMix()
     sessions: Sessions | None = None
+    users: Users | None = None
     # The simulated pods' default base model (`llm_sim.pod.DEFAULT_MODEL`).
     model: Annotated[str, Field(min_length=1)] = "meta-llama/Llama-3.1-8B-Instruct"
     stream: bool = True
@@ -264,6 +293,12 @@ class TraceSpec(_Strict):
             raise ValueError("request class names must be unique")
         if self.lora is not None and self.model in self.lora.adapters:
             raise ValueError(f"adapter {self.model!r} has the base model's name")
+        if self.users is not None:
+            if self.sessions is not None:
+                raise ValueError("users and sessions both set `user`: choose one")
+            unknown = set(self.users.heavy_classes) - set(names)
+            if unknown:
+                raise ValueError(f"users.heavy_classes names unknown classes: {sorted(unknown)}")
         return self
 
     def rate_at(self, t: float) -> float:

@@ -4,7 +4,7 @@ A benchmark compares balancing policies fairly only if each one sees exactly the
 traffic, so the trace is generated once, up front, from a `TraceSpec` and a seed, and then
 replayed open loop (`replay.py`). Generation is a pure function: `random.Random` instances
 seeded from the trace seed, never the global generator, never the clock. Each aspect
-(arrivals, request shapes, prefix groups, adapters, bands, sessions) draws from its own
+(arrivals, request shapes, prefix groups, adapters, bands, sessions, users) draws from its own
 stream, seeded `"<seed>:<aspect>"`, so changing the band mix of a scenario leaves its
 arrival times and prompt lengths untouched.
 
@@ -52,6 +52,7 @@ from llm_sim.loadgen.spec import (
     Sessions,
     TraceSpec,
     Uniform,
+    Users,
 )
 from llm_sim.loadgen.stats import percentile
 
@@ -75,6 +76,7 @@ __all__ = [
     "TraceSpec",
     "TraceSummary",
     "Uniform",
+    "Users",
     "generate_trace",
 ]
 
@@ -88,9 +90,9 @@ _VERSION = 1
 class PromptPart(NamedTuple):
     """A run of `words` prompt words derived from (`kind`, `owner`).
 
-    Kinds: "g" a prefix group's shared prefix (owner: the group), "q" a request's own
-    question and "a" the stand-in for a reply in a conversation's history (owner: the
-    request index).
+    Kinds: "g" a prefix group's shared prefix (owner: the group), "u" a user's own prefix
+    (owner: the user's number, heavy users first), "q" a request's own question and "a"
+    the stand-in for a reply in a conversation's history (owner: the request index).
     """
 
     kind: str
@@ -111,7 +113,8 @@ class TraceRequest:
 
     `prompt_words` is the prompt's length in words (= tokens for the simulated pods);
     `prompt_text()` builds the text. `session` and `turn` are None and 0 outside sessions;
-    `adapter` and `prefix_group` are None when the request uses none.
+    `adapter` and `prefix_group` are None when the request uses none; `user` is the body's
+    `user` outside sessions (`TraceSpec.users`), None for nobody's.
     """
 
     index: int
@@ -126,6 +129,7 @@ class TraceRequest:
     session: str | None
     turn: int
     prefix_group: int | None
+    user: str | None = None
 
     def prompt_text(self, *, salt: str = "") -> str:
         """The prompt: `prompt_words` words, the same every time for the same `salt`.
@@ -136,7 +140,10 @@ class TraceRequest:
         return " ".join(_part_text(part, salt) for part in self.parts)
 
     def to_json(self) -> dict[str, Any]:
+        # `user` only when set: traces without users keep the bytes they always had.
+        user = {} if self.user is None else {"user": self.user}
         return {
+            **user,
             "index": self.index,
             "at_s": self.at_s,
             "model": self.model,
@@ -171,6 +178,7 @@ class TraceRequest:
             session=_optional_str(document["session"]),
             turn=int(document["turn"]),
             prefix_group=_optional_int(document["prefix_group"]),
+            user=_optional_str(document.get("user")),
         )
         if request.prompt_words != sum(p.words for p in parts):
             raise ValueError("prompt_words does not match the parts")
@@ -354,9 +362,10 @@ def generate_trace(spec: TraceSpec, *, seed: int) -> Trace:
         max_tokens = shape.output_tokens.sample(shapes)
         session: str | None = None
         turn = 0
+        user, user_prefix = draws.user(shape.name)
         if spec.sessions is None:
             group, adapter, band = draws.attributes()
-            history = _group_prefix(spec, group)
+            history = (*user_prefix, *_group_prefix(spec, group))
         else:
             slot = draws.sessions.randrange(len(slots))
             conversation = slots[slot]
@@ -383,6 +392,7 @@ def generate_trace(spec: TraceSpec, *, seed: int) -> Trace:
                 session=session,
                 turn=turn,
                 prefix_group=group,
+                user=user,
             )
         )
     return Trace(spec=spec, seed=seed, requests=tuple(requests))
@@ -403,11 +413,15 @@ class _Draws:
         self.lora = random.Random(f"{seed}:lora")
         self.bands = random.Random(f"{seed}:bands")
         self.sessions = random.Random(f"{seed}:sessions")
+        self.users = random.Random(f"{seed}:users")
         self.band_cum = list(itertools.accumulate(spec.bands.weights()))
         self.adapter_cum: list[float] = []
         if spec.lora is not None:
             zipf = [1.0 / (k**spec.lora.zipf_s) for k in range(1, len(spec.lora.adapters) + 1)]
             self.adapter_cum = list(itertools.accumulate(zipf))
+        self.heavy_cum: list[float] = []
+        if spec.users is not None and spec.users.heavy:
+            self.heavy_cum = list(itertools.accumulate(spec.users.heavy))
 
     def attributes(self) -> tuple[int | None, str | None, Band]:
         """A prefix group (or None), an adapter (or None) and a band for a new request."""
@@ -425,6 +439,27 @@ class _Draws:
             adapter = which_adapter if uses else None
         band = self.bands.choices(BANDS, cum_weights=self.band_cum)[0]
         return group, adapter, band
+
+    def user(self, request_class: str) -> tuple[str | None, tuple[PromptPart, ...]]:
+        """The user of a new request of `request_class` (None: nobody) and its prefix."""
+        users = self.spec.users
+        if users is None:
+            return None, ()
+        number: int | None = None
+        if request_class in users.heavy_classes:
+            number = self.users.choices(range(len(users.heavy)), cum_weights=self.heavy_cum)[0]
+            name = f"user-heavy-{number}"
+        else:
+            # Both draws always happen, so the stream stays aligned whatever the fraction.
+            member = self.users.random() < users.light_fraction
+            which = self.users.randrange(users.light) if users.light else 0
+            if member:
+                number = len(users.heavy) + which
+                name = f"user-light-{which}"
+        if number is None:
+            return None, ()
+        prefix = (PromptPart("u", number, users.prefix_words),) if users.prefix_words else ()
+        return name, prefix
 
 
 @dataclass(kw_only=True)

@@ -348,3 +348,18 @@ async def test_prefix_group_requests_carry_a_prompt_cache_key(server: FakeServer
     bodies = sorted(server.arrivals, key=lambda a: a.body["user"])
     assert bodies[0].body["prompt_cache_key"] == "prefix-3"
     assert "prompt_cache_key" not in bodies[1].body
+
+
+async def test_a_users_request_carries_user_without_a_session_header(server: FakeServer) -> None:
+    base = trace_at([0.0, 0.01])
+    users = tuple(
+        dataclasses.replace(r, session=None, user="user-heavy-0" if r.index == 0 else None)
+        for r in base.requests
+    )
+    await replay(
+        Trace(spec=base.spec, seed=0, requests=users), url=server.url, timeout_s=5, max_in_flight=10
+    )
+    bodies = sorted(server.arrivals, key=lambda a: "user" in a.body)
+    assert "user" not in bodies[0].body
+    assert bodies[1].body["user"] == "user-heavy-0"
+    assert all(SESSION_HEADER not in a.headers for a in server.arrivals)

@@ -24,6 +24,7 @@ from llm_sim.loadgen import (
     TraceFormatError,
     TraceSpec,
     Uniform,
+    Users,
     generate_trace,
 )
 
@@ -319,6 +320,45 @@ def test_sessions_share_their_conversation_prefix() -> None:
     assert trace.summary().sessions == len(conversations)
 
 
+def test_users_heavy_by_class_light_by_fraction_each_with_its_own_prefix() -> None:
+    spec = TraceSpec(
+        duration_s=100,
+        rate_per_s=20,
+        request_classes=(
+            RequestClass(name="agent", weight=2, prompt_words=8, output_tokens=4),
+            RequestClass(name="chat", weight=3, prompt_words=8, output_tokens=4),
+        ),
+        users=Users(
+            heavy=(3, 1), heavy_classes=("agent",), light=10, light_fraction=0.5, prefix_words=6
+        ),
+    )
+    trace = generate_trace(spec, seed=1)
+    agents = [r for r in trace.requests if r.request_class == "agent"]
+    chats = [r for r in trace.requests if r.request_class == "chat"]
+    heavy = Counter(r.user for r in agents)
+    assert set(heavy) == {"user-heavy-0", "user-heavy-1"}
+    assert heavy["user-heavy-0"] / len(agents) == pytest.approx(0.75, abs=0.04)
+    light = Counter(r.user for r in chats)
+    assert light[None] / len(chats) == pytest.approx(0.5, abs=0.04)
+    assert {u for u in light if u is not None} == {f"user-light-{k}" for k in range(10)}
+    first_words: dict[str | None, set[str]] = {}
+    for request in trace.requests:
+        words = request.prompt_text().split()
+        assert len(words) == request.prompt_words
+        first_words.setdefault(request.user, set()).add(" ".join(words[:6]))
+    # A user's requests share its prefix; different users' prefixes differ; nobody's have none.
+    assert all(len(prefixes) == 1 for user, prefixes in first_words.items() if user)
+    assert len({next(iter(p)) for u, p in first_words.items() if u}) == 12
+    assert all(r.prompt_words == 8 for r in trace.requests if r.user is None)
+    assert all(r.prompt_words == 14 for r in trace.requests if r.user is not None)
+    # Users change neither arrivals nor shapes, and a trace without them keeps its bytes.
+    plain = generate_trace(spec.model_copy(update={"users": None}), seed=1)
+    assert [r.at_s for r in plain.requests] == [r.at_s for r in trace.requests]
+    assert [r.max_tokens for r in plain.requests] == [r.max_tokens for r in trace.requests]
+    assert '"user"' not in plain.to_jsonl().split("\n", 1)[1]
+    assert Trace.from_jsonl(trace.to_jsonl()) == trace
+
+
 def test_summary() -> None:
     trace = generate_trace(MIXED, seed=22)
     summary = trace.summary()
@@ -350,6 +390,11 @@ def test_empty_trace() -> None:
             "increasing",
         ),
         ({"lora": Lora(adapters=("meta-llama/Llama-3.1-8B-Instruct",))}, "base model"),
+        (
+            {"sessions": Sessions(conversations=1, turns=1), "users": Users(light=1)},
+            "choose one",
+        ),
+        ({"users": Users(heavy=(1,), heavy_classes=("nope",))}, "unknown classes"),
     ],
 )
 def test_inconsistent_specs_are_refused(update: dict[str, object], message: str) -> None:
