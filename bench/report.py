@@ -66,6 +66,8 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             lines += ["", *_replicas_lines(policies)]
         if any("requests_to_dead_pod_after_s" in s for s in policies.values()):
             lines += ["", *_faults_table(policies)]
+        if any("key_stickiness" in s for s in policies.values()):
+            lines += ["", *_keys_table(policies)]
         closures = []
         for key, label in (("ttft_p95_s", "P95"), ("ttft_p99_s", "P99")):
             value = gap_closure(policies, key)
@@ -200,6 +202,41 @@ def _faults_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
             f" {faults['killed_pod']} back at {faults['revive_s']:.2f}, the control plane"
             f" killed at {faults['control_plane_kill_s']:.2f}.",
         ]
+    return lines
+
+
+def _share(value: Any) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
+def _keys_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Scenario h's figures (bench/affinity.py): key stickiness and the heavy keys' spill."""
+    lines = [
+        "| policy | light keys of unloaded pods: on home (median, min; keys) "
+        "| … of never-queued pods | heavy keys on home "
+        "| spill reaction ms p50 / max (spilled / episodes) | stayed max ms "
+        "| unspilled (longest ms) / idle | server decision ms p50 / max |",
+        "|---|---|---|---|---|---:|---|---|",
+    ]
+    for policy in [p for p in POLICY_ORDER if p in policies]:
+        s = policies[policy]
+        sticky = s.get("key_stickiness") or {}
+        unloaded = sticky.get("light_unloaded") or {}
+        never = sticky.get("light_never_queued") or {}
+        heavy = sticky.get("heavy") or {}
+        spill = s.get("spill_reaction_s") or {}
+        lines.append(
+            f"| {policy} | {_share(unloaded.get('weighted'))} ({_share(unloaded.get('median'))},"
+            f" {_share(unloaded.get('min'))}; {unloaded.get('keys', 0)}) "
+            f"| {_share(never.get('weighted'))} ({never.get('keys', 0)} keys) "
+            f"| {' / '.join(_share(v) for _, v in sorted(heavy.items())) or '–'} "
+            f"| {_ms(spill.get('median'))} / {_ms(spill.get('max'))}"
+            f" ({spill.get('spilled', 0)} / {spill.get('episodes', 0)}) "
+            f"| {_ms(spill.get('stayed_max_s'))} "
+            f"| {spill.get('unspilled', 0)} ({_ms(spill.get('unspilled_longest_s'))})"
+            f" / {spill.get('idle', 0)} "
+            f"| {_ms(spill.get('decision_median'))} / {_ms(spill.get('decision_max'))} |"
+        )
     return lines
 
 

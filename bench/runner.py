@@ -24,6 +24,9 @@ server's start to Envoy's node being back and holding the new server's version o
 type, and the versions of the new server's first snapshot are compared with the old
 server's last.
 
+Scenario h (hot keys: a trace with `users`) samples every pod's queue beside the replay
+(bench/affinity.py) and adds each policy's `key_stickiness` and `spill_reaction_s`.
+
 Scenario f2 (`Scenario.replicas`) runs the project's policy on a gateway of its own
 instead: server replicas as separate processes, one Envoy each (bench/replicated.py), the
 trace split between the Envoys by bench/split_replay.py, and the Envoys' admitted
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.affinity import QueueSampler, key_figures
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.peers import PEER_POLICIES, peer_versions, run_vllm_router
 from bench.reaction import measure_reaction
@@ -307,20 +311,56 @@ async def _run_policy(
             sim_lag = _simulator_lag(fleet)
             end = _EngineCounters.of(fleet)
         else:
-            result, fault_figures, sim_lag, end = await _replay_on_gateway(
-                await gateways.get(),
-                scenario,
-                policy,
-                fleet,
-                config,
-                counters,
-                trace_path=trace_path,
-                first_at_s=first_at_s,
-                options=options,
-                envoy=gateways.envoy,
+            gateway = await gateways.get()
+            queues = QueueSampler(
+                fleet, decision=_pod_decisions(gateway, fleet) if policy == "project" else None
             )
+            async with queues.running() if scenario.trace.users else contextlib.nullcontext():
+                result, fault_figures, sim_lag, end = await _replay_on_gateway(
+                    gateway,
+                    scenario,
+                    policy,
+                    fleet,
+                    config,
+                    counters,
+                    trace_path=trace_path,
+                    first_at_s=first_at_s,
+                    options=options,
+                    envoy=gateways.envoy,
+                )
             extra_figures.update(fault_figures)
+            if scenario.trace.users:
+                slack = config.balancing.queue_slack
+                extra_figures.update(
+                    key_figures(
+                        trace,
+                        result,
+                        episodes=queues.episodes(slack=slack),
+                        spilled=queues.spilled,
+                        warmup_s=scenario.warmup_s,
+                    )
+                )
+                # Beside the trace, to see after a run why a figure is what it is.
+                stem = trace_path.with_suffix("")
+                queues.save(stem.with_name(f"{stem.name}-{policy}-queues.json"), slack=slack)
+                result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
     return _policy_run(scenario, result, counters, end, sim_lag, extra_figures)
+
+
+def _pod_decisions(
+    gateway: LocalGateway, fleet: Fleet
+) -> Callable[[], dict[str, tuple[int, bool]]]:
+    """A function giving each pod's weight and `ring_spill` (off the session table) in the
+    server's current decision, by pod name, for scenario h's sampler."""
+    names = {pod.port: pod.name for pod in fleet.pods}
+
+    def decision() -> dict[str, tuple[int, bool]]:
+        pool = gateway.app.controller.decision.pools.get(_POOL)
+        if pool is None:
+            return {}
+        return {names.get(e.port, e.id): (e.weight, e.ring_spill) for e in pool.endpoints}
+
+    return decision
 
 
 async def _replay_on_gateway(
@@ -723,11 +763,40 @@ _WORST_OVER_SEEDS = frozenset(
 )
 
 
+# Scenario h's figures: dicts of figures, merged leaf by leaf (`_merge_nested`).
+_NESTED_FIGURES = frozenset({"key_stickiness", "spill_reaction_s"})
+_COUNTS = frozenset(
+    {"episodes", "spilled", "unspilled", "idle", "undecided", "short_episodes", "keys", "requests"}
+)
+
+
+def _merge_nested(values: Sequence[Any], key: str = "") -> Any:
+    """Dicts merged key by key; numbers to the worst seed's for `min` and `max` (and
+    `*_max`, `*_max_s`, `*_longest_s`), the sum for counts (`_COUNTS`), else the median;
+    anything else (a pod's name) the first seed's. None in a seed is left out."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    if all(isinstance(v, dict) for v in present):
+        keys = sorted({k for v in present for k in v})
+        return {k: _merge_nested([v.get(k) for v in present], k) for k in keys}
+    if not all(isinstance(v, int | float) for v in present):
+        return present[0]
+    if key == "min":
+        return min(present)
+    if key == "max" or key.endswith(("_max", "_max_s", "_longest_s")):
+        return max(present)
+    if key in _COUNTS:
+        return sum(present)
+    return statistics.median(present)
+
+
 def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:
     """The median over seeds of every numeric figure, with per-seed values under `per_seed`.
 
     Fault counts are summed, the fault times are the worst seed's (None if a seed never
-    reconnected), and the types re-versioned on restart are the union over seeds.
+    reconnected), and the types re-versioned on restart are the union over seeds; scenario
+    h's nested figures are merged by `_merge_nested`.
     """
     if len(runs) == 1:
         return {**runs[0].summary, "run": runs[0].notes}
@@ -745,6 +814,8 @@ def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:
             merged[key] = None if None in values else sorted({t for v in values for t in v})
         elif isinstance(first, int | float) and numeric:
             merged[key] = statistics.median(numeric)
+        elif key in _NESTED_FIGURES:
+            merged[key] = _merge_nested(values)
         elif key in ("status_counts", "served_by"):
             merged[key] = {
                 k: sum(v.get(k, 0) for v in values) for k in sorted({k for v in values for k in v})

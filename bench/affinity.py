@@ -1,0 +1,327 @@
+"""Scenario h (hot keys): how sticky each session key stays, and how fast a heavy key
+leaves a pod that queues.
+
+Issue 17 asks, with session affinity on: the heavy keys' requests spill within one update
+interval of their pod queueing, and the keys of unloaded pods keep at least 95%
+stickiness. A key is a request's `user` (the trace's `TraceRequest.user`); the pod that
+served a request is the response's `x-backend-id`. Only requests answered 200 count.
+
+`key_stickiness`, per key, is the fraction of its requests served by its most-used pod
+(its "home"). Heavy keys are reported one by one (`heavy`, with `heavy_homes`); light keys
+as groups, each with `keys`, `requests`, `weighted` (all the group's requests on their
+key's home over all its requests: what the target is checked on) and `median` and `min`
+over the keys with at least `MIN_KEY_REQUESTS` requests (a key seen twice is 50% or 100%
+sticky, whatever the policy):
+
+- `light_unloaded`: light keys whose home is no heavy key's home. The definition holds
+  for every policy, and is what "keys of unloaded pods" means here;
+- `light_never_queued`: light keys whose home never queued in the measured window, by the
+  simulator's own queue (below); empty when every pod queued at some point;
+- `light_all`: every light key.
+
+`spill_reaction_s` is measured on queueing episodes: a pod queues while the simulator's
+engine has more than `queue_slack` requests waiting (the server's own threshold,
+`balancing.queue_slack`, read here from the exact engine state `QueueSampler` samples
+every 20 ms, not from a scrape). Stretches less than 100 ms apart are one episode, and
+an episode shorter than 100 ms (two engine steps) is not a queue: requests that arrive
+during a step wait for the next one even on an idle pod (`short_episodes`, counted per
+pod, and otherwise ignored). For each heavy key and each episode starting in the
+measured window on the pod that key's previous request went to (`episodes`), the
+reaction is the time from the episode's start to the first request of that key sent to
+another pod, when that happens before the episode ends (`spilled`); `median` and `max`
+are over those. `stayed_max_s` is the latest request of the key still sent to the
+queueing pod during the episode, after its start (0 when none): it bounds the routing's
+reaction without waiting for the key's next request, as requests_to_dead_pod_after_s
+does for scenario g. Episodes during which the key sent requests, all to the queueing
+pod, are `unspilled` (with the longest one's duration); those during which it sent none
+are `idle`. For the project, the sampler also reads which pods the server has off the
+session table (`ring_spill`): `decision_median` and `decision_max` are the times from an
+episode's start to the server's decision, over the episodes it decided within
+(`undecided`: the others).
+
+Round robin, least request and the oracle do not keep keys, so their figures say how
+sticky keys are by chance; the spill figures are meaningful for the project.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_sim.fleet import Fleet
+from llm_sim.loadgen import ReplayResult, RequestResult
+from llm_sim.loadgen.trace import Trace
+
+__all__ = [
+    "HEAVY_PREFIX",
+    "MIN_KEY_REQUESTS",
+    "QueueEpisode",
+    "QueueSampler",
+    "key_figures",
+    "queue_episodes",
+]
+
+# Keys with fewer requests are left out of the per-key median and min (not the weighted).
+MIN_KEY_REQUESTS = 3
+# How the trace names heavy users (llm_sim.loadgen.trace: `user-heavy-<k>`).
+HEAVY_PREFIX = "user-heavy-"
+_OK = 200
+
+
+@dataclass(frozen=True)
+class QueueEpisode:
+    """Pod `pod` had more than the slack waiting from `start` to `end` (Unix seconds)."""
+
+    pod: str
+    start: float
+    end: float
+
+
+class QueueSampler:
+    """Samples every pod's waiting and running requests every `INTERVAL_S` while a trace
+    replays, and with `decision` (each pod's weight and `ring_spill` in the server's
+    current decision) the server's decisions too. Mutable state: `_samples` (Unix time,
+    waiting per pod), `_running` (running per pod, one per sample) and `_decisions` (Unix
+    time, weight and spill per pod), appended to while running."""
+
+    INTERVAL_S = 0.02
+    # Stretches of queueing closer than this are one episode, and a shorter one is none.
+    MERGE_S = 0.1
+    MIN_EPISODE_S = 0.1
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        decision: Callable[[], Mapping[str, tuple[int, bool]]] | None = None,
+    ) -> None:
+        self._fleet = fleet
+        self._decision = decision
+        self._samples: list[tuple[float, dict[str, int]]] = []
+        self._running: list[dict[str, int]] = []
+        self._decisions: list[tuple[float, dict[str, tuple[int, bool]]]] = []
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async def sample() -> None:
+            while True:
+                now = time.time()
+                engines = {p.name: p.state_snapshot().engine for p in self._fleet}
+                self._samples.append((now, {n: e.num_waiting for n, e in engines.items()}))
+                self._running.append({n: e.num_running for n, e in engines.items()})
+                if self._decision is not None:
+                    self._decisions.append((now, dict(self._decision())))
+                await asyncio.sleep(self.INTERVAL_S)
+
+        task = asyncio.create_task(sample())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def episodes(self, *, slack: int) -> list[QueueEpisode]:
+        """Every pod's queueing episodes (more than `slack` waiting), in start order, the
+        short ones too (`key_figures` sets them apart)."""
+        return queue_episodes(self._samples, slack=slack, merge_s=self.MERGE_S)
+
+    @property
+    def spilled(self) -> list[tuple[float, frozenset[str]]]:
+        """(Unix time, pods off the session table) samples; empty without `decision`."""
+        return [
+            (t, frozenset(pod for pod, (_, spill) in pods.items() if spill))
+            for t, pods in self._decisions
+        ]
+
+    def save(self, path: Path, *, slack: int) -> None:
+        """The episodes, every sample ([time, {pod: [waiting, running]}]) and every change
+        of the server's decision ([time, {pod: [weight, spill]}]), as JSON, to see after a
+        run why a figure is what it is."""
+        changes = [
+            (t, pods)
+            for i, (t, pods) in enumerate(self._decisions)
+            if i == 0 or pods != self._decisions[i - 1][1]
+        ]
+        samples = [
+            (t, {pod: (waiting[pod], running.get(pod, 0)) for pod in waiting})
+            for (t, waiting), running in zip(self._samples, self._running, strict=True)
+        ]
+        document = {
+            "episodes": [[e.pod, e.start, e.end] for e in self.episodes(slack=slack)],
+            "samples": samples,
+            "decisions": changes,
+        }
+        path.write_text(json.dumps(document))
+
+
+def queue_episodes(
+    samples: Sequence[tuple[float, Mapping[str, int]]], *, slack: int, merge_s: float
+) -> list[QueueEpisode]:
+    """The stretches of `samples` (time, waiting per pod) where a pod has more than `slack`
+    waiting: from the first such sample to the first one after it without; stretches less
+    than `merge_s` apart are merged. An episode still open at the end ends there."""
+    episodes: list[QueueEpisode] = []
+    pods = sorted({pod for _, waiting in samples for pod in waiting})
+    for pod in pods:
+        spans: list[list[float]] = []
+        start: float | None = None
+        for t, waiting in samples:
+            queued = waiting.get(pod, 0) > slack
+            if queued and start is None:
+                start = t
+            elif not queued and start is not None:
+                if spans and start - spans[-1][1] < merge_s:
+                    spans[-1][1] = t
+                else:
+                    spans.append([start, t])
+                start = None
+        if start is not None:
+            spans.append([start, samples[-1][0]])
+        episodes += [QueueEpisode(pod, a, b) for a, b in spans]
+    return sorted(episodes, key=lambda e: (e.start, e.pod))
+
+
+@dataclass(frozen=True)
+class _Sent:
+    key: str
+    at: float  # Unix time the request was sent
+    pod: str
+
+
+def _sent(trace: Trace, results: Iterable[RequestResult], *, started_at_unix: float) -> list[_Sent]:
+    sent = []
+    for r in results:
+        key = trace.requests[r.index].user
+        if key is None or r.status != _OK or not r.backend_id:
+            continue
+        sent.append(_Sent(key, started_at_unix + r.scheduled_at_s + r.lateness_s, r.backend_id))
+    return sorted(sent, key=lambda s: s.at)
+
+
+def _group(per_key: Mapping[str, Counter[str]]) -> dict[str, Any]:
+    requests = sum(sum(c.values()) for c in per_key.values())
+    on_home = sum(max(c.values()) for c in per_key.values())
+    shares = [max(c.values()) / sum(c.values()) for c in per_key.values()]
+    counted = [
+        max(c.values()) / sum(c.values())
+        for c in per_key.values()
+        if sum(c.values()) >= MIN_KEY_REQUESTS
+    ]
+    return {
+        "keys": len(shares),
+        "requests": requests,
+        "weighted": on_home / requests if requests else None,
+        "median": statistics.median(counted) if counted else None,
+        "min": min(counted) if counted else None,
+    }
+
+
+def key_figures(
+    trace: Trace,
+    result: ReplayResult,
+    *,
+    episodes: Sequence[QueueEpisode],
+    spilled: Sequence[tuple[float, Collection[str]]] = (),
+    warmup_s: float = 0.0,
+) -> dict[str, Any]:
+    """`key_stickiness` and `spill_reaction_s` (see the module docstring) for the requests
+    of `result` scheduled after `warmup_s`, with `episodes` and `spilled` (the server's
+    spilled pods over time, or nothing) from a `QueueSampler`."""
+    measured = [r for r in result.results if r.scheduled_at_s >= warmup_s]
+    sent = _sent(trace, measured, started_at_unix=result.started_at_unix)
+    per_key: dict[str, Counter[str]] = defaultdict(Counter)
+    for s in sent:
+        per_key[s.key][s.pod] += 1
+    homes = {key: pods.most_common(1)[0][0] for key, pods in per_key.items()}
+    heavy = sorted(k for k in per_key if k.startswith(HEAVY_PREFIX))
+    light = {k: c for k, c in per_key.items() if not k.startswith(HEAVY_PREFIX)}
+    heavy_homes = {homes[k] for k in heavy}
+    window_start = result.started_at_unix + warmup_s
+    queues = [e for e in episodes if e.end - e.start >= QueueSampler.MIN_EPISODE_S]
+    in_window = [e for e in queues if e.end >= window_start]
+    queued_pods = {e.pod for e in in_window}
+    stickiness = {
+        "heavy": {k: max(per_key[k].values()) / sum(per_key[k].values()) for k in heavy},
+        "heavy_homes": {k: homes[k] for k in heavy},
+        "light_unloaded": _group({k: c for k, c in light.items() if homes[k] not in heavy_homes}),
+        "light_never_queued": _group(
+            {k: c for k, c in light.items() if homes[k] not in queued_pods}
+        ),
+        "light_all": _group(light),
+    }
+    starting = [e for e in in_window if e.start >= window_start]
+    spill = _spill_reactions(sent, heavy, starting, spilled)
+    spill["short_episodes"] = sum(
+        1 for e in episodes if e.start >= window_start and e not in queues
+    )
+    return {"key_stickiness": stickiness, "spill_reaction_s": spill}
+
+
+def _decided_after(
+    spilled: Sequence[tuple[float, Collection[str]]], episode: QueueEpisode
+) -> float | None:
+    """Seconds from `episode`'s start to the first sample, during it, where the server had
+    its pod off the session table (0 if it already had); None: never during it."""
+    return next(
+        (
+            max(0.0, t - episode.start)
+            for t, pods in spilled
+            if episode.start - QueueSampler.INTERVAL_S <= t <= episode.end and episode.pod in pods
+        ),
+        None,
+    )
+
+
+def _spill_reactions(
+    sent: Sequence[_Sent],
+    heavy: Sequence[str],
+    episodes: Sequence[QueueEpisode],
+    spilled: Sequence[tuple[float, Collection[str]]],
+) -> dict[str, Any]:
+    reactions: list[float] = []
+    stayed: list[float] = []
+    unspilled: list[float] = []
+    idle = 0
+    decisions: list[float | None] = []
+    for key in heavy:
+        mine = [s for s in sent if s.key == key]
+        for episode in episodes:
+            before = [s for s in mine if s.at < episode.start]
+            if not before or before[-1].pod != episode.pod:
+                continue  # the key was not on this pod when it began to queue
+            if spilled:
+                decisions.append(_decided_after(spilled, episode))
+            during = [s for s in mine if episode.start <= s.at <= episode.end]
+            stayed.append(
+                max((s.at - episode.start for s in during if s.pod == episode.pod), default=0.0)
+            )
+            elsewhere = next((s for s in during if s.pod != episode.pod), None)
+            if elsewhere is not None:
+                reactions.append(elsewhere.at - episode.start)
+            elif during:
+                unspilled.append(episode.end - episode.start)
+            else:
+                idle += 1
+    decided = [d for d in decisions if d is not None]
+    return {
+        "episodes": len(stayed),
+        "spilled": len(reactions),
+        "median": statistics.median(reactions) if reactions else None,
+        "max": max(reactions, default=None),
+        "stayed_max_s": max(stayed, default=None),
+        "unspilled": len(unspilled),
+        "unspilled_longest_s": max(unspilled, default=None),
+        "idle": idle,
+        "decision_median": statistics.median(decided) if decided else None,
+        "decision_max": max(decided, default=None),
+        "undecided": len(decisions) - len(decided),
+    }

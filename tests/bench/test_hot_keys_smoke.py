@@ -1,0 +1,33 @@
+"""Scenario h (hot keys) in a seconds-long run through a real Envoy: the keys stay where
+they should, and results.json carries the figures of bench/affinity.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.__main__ import main
+
+
+def test_quick_hot_keys_keep_light_keys_home_and_report_the_spill(tmp_path: Path) -> None:
+    argv = ["run", "--scenarios", "h", "--policies", "round_robin,project", "--quick"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    policies = json.loads((tmp_path / "results.json").read_text())["scenarios"]["h"]["policies"]
+    for name, summary in policies.items():
+        assert summary["status_counts"].get("200", 0) > 0.9 * summary["requests"], name
+        sticky, spill = summary["key_stickiness"], summary["spill_reaction_s"]
+        assert set(sticky) >= {"heavy", "heavy_homes", "light_unloaded", "light_all"}, name
+        assert set(sticky["heavy"]) == {f"user-heavy-{k}" for k in range(3)}, name
+        assert set(spill) >= {"episodes", "spilled", "median", "max", "stayed_max_s"}, name
+    project, rr = policies["project"], policies["round_robin"]
+    # The project keeps the light keys of the pods no heavy key lives on where they are;
+    # round robin scatters every key.
+    unloaded = project["key_stickiness"]["light_unloaded"]
+    assert unloaded["keys"] > 0 and unloaded["weighted"] >= 0.8, unloaded
+    scattered = rr["key_stickiness"]["light_all"]["weighted"]
+    assert scattered < unloaded["weighted"] - 0.15, rr["key_stickiness"]
+    # The heaviest key is more than one pod's work: its pod queues, and the server takes
+    # that pod off the session table.
+    spill = project["spill_reaction_s"]
+    assert spill["episodes"] > 0 and spill["decision_median"] is not None, spill
+    assert "| project |" in (tmp_path / "results.md").read_text()
