@@ -1,24 +1,59 @@
-"""Turn benchmark results into the markdown table and the TTFT CDF plots.
+"""Turn benchmark results into the markdown tables and the TTFT CDF plots.
 
 Pure apart from writing the files it is asked to write. The results dict is the documented
-`results.json` shape: {"scenarios": {name: {"policies": {policy: summary}}}, ...}.
+`results.json` shape: {"scenarios": {name: {"policies": {policy: summary}}}, ...}; a
+summary merged over seeds holds the median of each figure and, under `per_seed`, every
+seed's value (bench/runner.py `_merge_seeds`).
+
+The headline is "project vs best peer" (issue 18): the peers are real per-request routers
+(bench/peers.py) and the claim worth making is against the best of them in each scenario,
+with the spread over seeds and the number of requests behind each percentile, so that a
+P99 of a few dozen requests is not read as more than it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["POLICY_ORDER", "gap_closure", "markdown_table", "plot_ttft_cdfs"]
+__all__ = [
+    "PEER_PREFIX",
+    "POLICY_ORDER",
+    "best_peer",
+    "gap_closure",
+    "headline_table",
+    "markdown_table",
+    "ordered_policies",
+    "plot_ttft_cdfs",
+    "ttft_counts",
+]
 
 POLICY_ORDER = ("round_robin", "least_request", "project", "oracle")
+# Peer policies' names (bench/peers.py PEER_POLICIES); matched by prefix so that a
+# results.json with a policy this checkout does not know still reports it as a peer.
+PEER_PREFIX = "vllm_router_"
+# Outcomes of a request that never waited on a pod for a first token: no TTFT sample
+# (llm_sim.loadgen.stats.ttft_sample).
+_NO_TTFT_ERRORS = frozenset({"error:connect", "error:dropped_by_client", "error:protocol"})
 
 
-def gap_closure(policies: Mapping[str, Mapping[str, Any]], key: str) -> float | None:
-    """(RR − ours) / (RR − oracle) for metric `key`; None when undefined (no gap to close)."""
+def ordered_policies(policies: Mapping[str, Any]) -> list[str]:
+    """Every policy of `policies`: those of POLICY_ORDER in that order, then the rest
+    (the peers) by name."""
+    return [p for p in POLICY_ORDER if p in policies] + sorted(
+        p for p in policies if p not in POLICY_ORDER
+    )
+
+
+def gap_closure(
+    policies: Mapping[str, Mapping[str, Any]], key: str, *, policy: str = "project"
+) -> float | None:
+    """(RR − policy) / (RR − oracle) for metric `key`; None when undefined (a policy
+    missing, or no gap to close)."""
     try:
-        rr, ours, oracle = (float(policies[p][key]) for p in ("round_robin", "project", "oracle"))
+        rr, ours, oracle = (float(policies[p][key]) for p in ("round_robin", policy, "oracle"))
     except (KeyError, TypeError):
         return None
     if rr - oracle <= 0:
@@ -26,8 +61,123 @@ def gap_closure(policies: Mapping[str, Mapping[str, Any]], key: str) -> float | 
     return (rr - ours) / (rr - oracle)
 
 
+def best_peer(policies: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The peer with the lowest P99 TTFT (the median over seeds), ties broken by P95 and
+    then by name; a peer without a figure ranks last. None when no peer ran."""
+
+    def rank(name: str) -> tuple[bool, float, bool, float, str]:
+        p99, p95 = policies[name].get("ttft_p99_s"), policies[name].get("ttft_p95_s")
+        return (p99 is None, p99 or 0.0, p95 is None, p95 or 0.0, name)
+
+    peers = [p for p in policies if p.startswith(PEER_PREFIX)]
+    return min(peers, key=rank) if peers else None
+
+
+def _seed_values(summary: Mapping[str, Any], key: str) -> list[Any]:
+    """Every seed's `key`: `per_seed` when merged over seeds, else the one run's."""
+    per_seed = summary.get("per_seed", {})
+    return list(per_seed[key]) if key in per_seed else [summary.get(key)]
+
+
+def ttft_counts(summary: Mapping[str, Any]) -> list[int]:
+    """The number of requests behind the TTFT percentiles, per seed: every measured
+    request but those refused (an HTTP status other than 200) or never sent or answered
+    (connect and protocol errors, dropped by the client); timeouts count, as in
+    `ttft_sample`, with the time they had waited."""
+    counts = []
+    for requests, statuses in zip(
+        _seed_values(summary, "requests"), _seed_values(summary, "status_counts"), strict=True
+    ):
+        excluded = sum(
+            n for k, n in (statuses or {}).items() if k != "200" and not k.startswith("error:")
+        ) + sum(n for k, n in (statuses or {}).items() if k in _NO_TTFT_ERRORS)
+        counts.append(int(requests or 0) - excluded)
+    return counts
+
+
 def _ms(seconds: float | None) -> str:
     return "–" if seconds is None else f"{1000 * seconds:,.0f}"
+
+
+def _tokens(per_s: float | None) -> str:
+    return "–" if per_s is None else f"{per_s:,.0f}"
+
+
+def _spread(summary: Mapping[str, Any], key: str, unit: Callable[[float | None], str]) -> str:
+    """The median over seeds, and the min–max over seeds when there is more than one."""
+    values = [float(v) for v in _seed_values(summary, key) if isinstance(v, int | float)]
+    median = unit(summary.get(key))
+    if len(values) < 2:
+        return median
+    return f"{median} ({unit(min(values))}–{unit(max(values))})"
+
+
+def _count(summary: Mapping[str, Any]) -> str:
+    """Requests behind the TTFT percentiles per seed, and which one the P99 is."""
+    counts = ttft_counts(summary)
+    low, high = min(counts), max(counts)
+    size = f"{low}" if low == high else f"{low}–{high}"
+    if low <= 0:
+        return size
+    # Nearest rank (llm_sim.loadgen.stats): P99 of n is the ceil(0.99 n)-th fastest.
+    slowest = sorted({n - math.ceil(99 / 100 * n) + 1 for n in (low, high)})
+    return f"{size} (P99: #{'–'.join(map(str, slowest))} slowest)"
+
+
+def _closure(policies: Mapping[str, Mapping[str, Any]], policy: str) -> str:
+    value = gap_closure(policies, "ttft_p99_s", policy=policy)
+    return "–" if value is None else f"{100 * value:.0f}%"
+
+
+def headline_table(results: Mapping[str, Any]) -> str:
+    """The "project vs best peer" table: per scenario, the project's row and its best
+    peer's. Scenarios without the project or without a peer are named below it; without
+    any such scenario, one line says why there is no table."""
+    scenarios = results["scenarios"]
+    paired = {
+        name: peer
+        for name, scenario in scenarios.items()
+        if "project" in scenario["policies"]
+        and (peer := best_peer(scenario["policies"])) is not None
+    }
+    if not paired:
+        return (
+            f"No scenario ran both the project and a peer ({PEER_PREFIX}*): no"
+            " project-vs-best-peer table."
+        )
+    seeds = int(results.get("seeds", 1))
+    spread = (
+        f"Figures are the median over {seeds} seeds, the min–max over seeds in brackets."
+        if seeds > 1
+        else "One seed: no spread."
+    )
+    lines = [
+        "### Project vs best peer",
+        "",
+        f"Best peer: the {PEER_PREFIX}* policy with the lowest P99 TTFT (median over seeds;"
+        f" ties by P95). {spread} Gap closure: (RR − policy) / (RR − oracle) on P99 TTFT"
+        " (– without round robin and oracle runs, or when RR is not slower than the"
+        " oracle). n: requests behind each TTFT percentile, per seed (nearest rank).",
+        "",
+        "| scenario | policy | TTFT p95 ms | TTFT p99 ms | output tok/s "
+        "| gap closure P99 | n per seed |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for name, peer in paired.items():
+        policies = scenarios[name]["policies"]
+        for policy, label in (("project", "project"), (peer, f"best peer: {peer}")):
+            s = policies[policy]
+            lines.append(
+                f"| {name} | {label} | {_spread(s, 'ttft_p95_s', _ms)} "
+                f"| {_spread(s, 'ttft_p99_s', _ms)} "
+                f"| {_spread(s, 'output_tokens_per_s', _tokens)} "
+                f"| {_closure(policies, policy)} | {_count(s)} |"
+            )
+    if missing := [n for n in scenarios if n not in paired]:
+        lines += ["", f"Not in this table (no project or no peer run): {', '.join(missing)}."]
+    if not any("oracle" in scenarios[n]["policies"] for n in paired):
+        lines += ["", "No oracle in this run: no gap closure."]
+    return "\n".join(lines)
 
 
 def _statuses(counts: Mapping[str, int]) -> str:
@@ -40,8 +190,9 @@ def _rate(value: float | None) -> str:
 
 
 def markdown_table(results: Mapping[str, Any]) -> str:
-    """One table per scenario: a row per policy, then gap closure for P95/P99 TTFT."""
-    lines: list[str] = []
+    """The headline (project vs best peer), then one table per scenario: a row per
+    policy, peers included, then the project's gap closure for P95/P99 TTFT."""
+    lines: list[str] = [headline_table(results), ""]
     for name, scenario in results["scenarios"].items():
         policies = scenario["policies"]
         lines += [
@@ -51,7 +202,7 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             "| output tok/s | requests | errors |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
-        for policy in [p for p in POLICY_ORDER if p in policies]:
+        for policy in ordered_policies(policies):
             s = policies[policy]
             lines.append(
                 f"| {policy} | {_ms(s.get('ttft_p50_s'))} | {_ms(s.get('ttft_p95_s'))} "
@@ -83,8 +234,7 @@ def markdown_table(results: Mapping[str, Any]) -> str:
                     f"{p} {_rate(policies[p].get('prefix_cache_hit_rate'))},"
                     f" {policies[p].get('adapter_loads', 0)},"
                     f" {_rate(policies[p].get('adapter_hit_fraction'))}"
-                    for p in POLICY_ORDER
-                    if p in policies
+                    for p in ordered_policies(policies)
                 )
                 + ".",
                 "",
@@ -117,7 +267,7 @@ def _overload_table(scenario: Mapping[str, Any]) -> list[str]:
         "|---|---|---|---|---|---:|---:|",
     ]
     policies = scenario["policies"]
-    for policy in [p for p in POLICY_ORDER if p in policies]:
+    for policy in ordered_policies(policies):
         s = policies[policy]
         refused = s.get("refused_by_band", {})
         first = s.get("first_refusal_s_by_band", {})
@@ -146,7 +296,7 @@ def _overload_table(scenario: Mapping[str, Any]) -> list[str]:
 def _replicas_lines(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Scenario f2's figures: admitted concurrency over the limit, and the split."""
     lines = []
-    for policy in [p for p in POLICY_ORDER if p in policies]:
+    for policy in ordered_policies(policies):
         s = policies[policy]
         if "max_admitted_over_limit" not in s:
             continue
@@ -180,7 +330,7 @@ def _faults_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
         "| types re-versioned on restart | reconnect s |",
         "|---|---:|---:|---:|---:|---|---:|",
     ]
-    for policy in [p for p in POLICY_ORDER if p in policies]:
+    for policy in ordered_policies(policies):
         s = policies[policy]
         changed = s.get("versions_changed_on_restart")
         lines.append(
@@ -218,7 +368,7 @@ def _keys_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
         "| unspilled (longest ms) / idle | server decision ms p50 / max |",
         "|---|---|---|---|---|---:|---|---|",
     ]
-    for policy in [p for p in POLICY_ORDER if p in policies]:
+    for policy in ordered_policies(policies):
         s = policies[policy]
         sticky = s.get("key_stickiness") or {}
         unloaded = sticky.get("light_unloaded") or {}
@@ -252,7 +402,7 @@ def plot_ttft_cdfs(
     written = []
     for scenario, by_policy in ttfts.items():
         figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)
-        for policy in [p for p in POLICY_ORDER if p in by_policy]:
+        for policy in ordered_policies(by_policy):
             samples = sorted(by_policy[policy])
             if not samples:
                 continue
