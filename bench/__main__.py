@@ -1,9 +1,12 @@
 """`python -m bench run`: the routing benchmark, every policy on the same traces.
 
     python -m bench run [--scenarios a,b,c,d] [--seeds N] [--out DIR] [--quick] [--duration S]
+    python -m bench hop-latency [--requests 200] [--peers P,...] [--out DIR]
 
-Writes DIR/results.json (the documented shape), DIR/results.md (the tables) and
-DIR/ttft_cdf_<scenario>.png, and prints the tables.
+`run` writes DIR/results.json (the documented shape), DIR/results.md (the tables) and
+DIR/ttft_cdf_<scenario>.png, and prints the tables. `hop-latency` measures what one proxy
+hop adds at idle, Envoy's and each peer's (bench/hop_latency.py), and writes
+DIR/hop_latency.json and DIR/hop_latency.md.
 
 Some scenarios run only some policies (f: no oracle; f2: only the project, the one with
 flow control for its replicas to share): the others are skipped with a message, and a
@@ -20,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.hop_latency import HOP_PEERS, markdown_line, measure_hop_latency
 from bench.report import markdown_table, plot_ttft_cdfs
 from bench.runner import ALL_POLICIES, POLICIES, RunOptions, policies_of, run_benchmark
 from bench.scenarios import SCENARIOS, build_scenario
@@ -57,12 +61,39 @@ def _parser() -> argparse.ArgumentParser:
         metavar="JSON",
         help="`balancing` config keys for the project policy, e.g. '{\"active_request_bias\": 0}'",
     )
+    hop = commands.add_parser("hop-latency", help="the added latency of one proxy hop at idle")
+    hop.add_argument("--requests", type=int, default=200, help="measured requests per path")
+    hop.add_argument("--warmup", type=int, default=10, help="unmeasured requests per path")
+    hop.add_argument(
+        "--peers",
+        default=",".join(HOP_PEERS),
+        help="comma-separated, from " + ",".join(HOP_PEERS),
+    )
+    hop.add_argument("--out", type=Path, default=Path("bench/results/hop-latency"))
     return parser
+
+
+def _hop_latency(args: argparse.Namespace) -> int:
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    if set(peers) - set(HOP_PEERS) or args.requests < 1:
+        print(f"--requests must be positive and --peers from {list(HOP_PEERS)}", file=sys.stderr)
+        return 2
+    results = asyncio.run(
+        measure_hop_latency(requests=args.requests, peers=peers, warmup=args.warmup)
+    )
+    line = markdown_line(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "hop_latency.json").write_text(json.dumps(results, indent=2, sort_keys=True))
+    (args.out / "hop_latency.md").write_text(line + "\n")
+    print(line)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "hop-latency":
+        return _hop_latency(args)
     scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = sorted(set(scenarios) - set(SCENARIOS))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
