@@ -12,21 +12,42 @@ Only the documented flags above are set; every other one keeps its default (retr
 circuit breaker, `--queue-size 100`, `--max-concurrent-requests 32768`,
 `--cache-threshold 0.3`, `--balance-abs-threshold 64`, `--balance-rel-threshold 1.5`).
 `--prometheus-port` is set only because its default (29000) is fixed and it refuses 0.
+Not set, on purpose: `--enable-igw` (below), `--service-discovery` (Kubernetes only),
+`--kv-event-source` (`kv_aware`, below).
 
-What the router sees of the pods (measured against 0.1.17): at start it asks each worker
-`GET /health` only; later `GET /get_load` (404 on the simulator: load -1) and, for
-`cache_aware`, `POST /v1/chat/completions/render` and `POST /tokenize` (404: it logs
-"Prefix input preparation unavailable ... render_unavailable"). With `--worker-urls` and
-without `--enable-igw` every worker is registered under model "unknown" whatever its
-`/v1/models` says: the model id is a worker label that only service discovery or the IGW
-`/add_worker` API sets, and in this mode one prefix tree ('default') holds every worker.
+What the router asks a worker (measured against 0.1.17) and what a simulated pod answers,
+as vLLM does:
+- `GET /health` at start: 200.
+- `cache_aware`, per request and per worker: `POST /v1/chat/completions/render` (or
+  `/v1/completions/render`), then `POST /tokenize` if render fails. The pods answer both as
+  vLLM does (`GenerateRequest` with `token_ids`; `count`/`max_model_len`/`tokens`), with
+  the simulator's own tokens as ids, so the router's prefix tree holds the tokens the pods'
+  prefix caches hold. Without them (404 before) it logged "Prefix input preparation
+  unavailable ... render_unavailable" and made no prefix decision at all.
+- `power_of_two`, every 5 s: `GET /get_load`, parsed as `{"load": <int>}`. That is SGLang's
+  endpoint; vLLM has none (its `/load`, behind `--enable-server-load-tracking`, answers
+  `{"server_load": n}` and the router does not ask for it), so the pods answer 404 as a
+  real vLLM worker does, and the router's own `/get_loads` lists load -1 for each of them
+  (measured; 3 when a worker answers `{"load": 3}`), as it would in front of vLLM.
+- Model: with `--worker-urls` every worker is registered under model "unknown" and one
+  prefix tree ('default') holds them all. Only IGW mode (`--enable-igw`, then
+  `POST /add_worker?url=...` per worker) discovers the model: it reads `/v1/models`, which
+  the pods answer as vLLM does (measured: the worker is then registered under
+  "meta-llama/Llama-3.1-8B-Instruct"). Not used: every pod of a fleet serves the same base
+  model and the same adapters, so a model id splits nothing (one tree either way), and the
+  router keeps one model id per worker, so it cannot route on LoRA adapters a worker
+  serves several of; IGW is the multi-model mode, not what a single-model user runs.
 
 Session keys: `consistent_hash` and `sticky_least_loaded` take the first of the headers
 `x-session-id`, `x-user-id`, ... then the body's `session_params.session_id`, `user`,
-`session_id`, `user_id`. The load generator already sends `x-session-id` and `user` for a
-trace's sessions and `user` for its users; a request with neither (the shared-prefix
-groups of c carry only `prompt_cache_key`, which the router does not read) is hashed on
-its whole body by `consistent_hash` and has no session for `sticky_least_loaded`.
+`session_id`, `user_id`. The load generator sends `x-session-id` and `user` for a trace's
+sessions and `user` for its users. The shared-prefix groups of c carry only the body's
+`prompt_cache_key`, which the router does not read; as its user would, every peer replay
+also sends that key as `x-session-id` when a request has no session of its own
+(`PEER_SESSION_HEADER`, recorded as `peer.session_header` in results.json; the trace and
+the bodies are the same as for every other policy). `cache_aware` gets the header too (a
+user sends it whatever the policy). Without it, `cache_aware` routes on the rendered tokens
+(tests/bench/test_peers_smoke.py); how much the header adds to that on c was not isolated.
 
 `kv_aware` is not offered: it routes on KV events published by vLLM over ZMQ
 (`--kv-event-source WORKER_URL=ENDPOINT`), which the simulator does not emit.
@@ -50,6 +71,7 @@ from xds_testbed.server_process import free_port
 
 __all__ = [
     "PEER_POLICIES",
+    "PEER_SESSION_HEADER",
     "PeerStartError",
     "RunningPeer",
     "peer_versions",
@@ -65,6 +87,8 @@ PEER_POLICIES = {
     "vllm_router_power_of_two": "power_of_two",
     "vllm_router_sticky_least_loaded": "sticky_least_loaded",
 }
+# How the replay gives every peer the trace's prefix groups as session keys (results.json).
+PEER_SESSION_HEADER = "x-session-id: prompt_cache_key, when the request has no session"
 _PACKAGE = "vllm-router"
 _READY_TIMEOUT_S = 30.0
 _POLL_S = 0.1
@@ -118,11 +142,11 @@ async def _ready(url: str, workers: Sequence[str], process: asyncio.subprocess.P
 
 @contextlib.asynccontextmanager
 async def run_vllm_router(
-    policy: str, *, workers: Sequence[str], log_path: Path
+    policy: str, *, workers: Sequence[str], log_path: Path, log_level: str = "warning"
 ) -> AsyncIterator[RunningPeer]:
     """`vllm-router --policy <policy>` in front of `workers` (base URLs), on free loopback
-    ports, its output in `log_path`; yields once every worker is healthy in it, and stops
-    the process (by its PID) on exit."""
+    ports, its output (at `log_level`) in `log_path`; yields once every worker is healthy in
+    it, and stops the process (by its PID) on exit."""
     port, metrics_port = free_port(), free_port()
     argv = (
         _executable(),
@@ -139,7 +163,7 @@ async def run_vllm_router(
         "--policy",
         policy,
         "--log-level",
-        "warning",
+        log_level,
     )
     url = f"http://127.0.0.1:{port}"
     with log_path.open("wb") as log:

@@ -51,7 +51,7 @@ from typing import Any
 
 from bench.affinity import QueueSampler, key_figures
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
-from bench.peers import PEER_POLICIES, peer_versions, run_vllm_router
+from bench.peers import PEER_POLICIES, PEER_SESSION_HEADER, peer_versions, run_vllm_router
 from bench.reaction import measure_reaction
 from bench.replicated import (
     REPLICAS_NOTES,
@@ -426,10 +426,15 @@ async def _replay_on_peer(
     log_path = workdir / f"{trace_path.stem}-{policy}.log"
     async with run_vllm_router(PEER_POLICIES[policy], workers=workers, log_path=log_path) as peer:
         result = await run_replay_in_subprocess(
-            trace_path, url=peer.url, timeout_s=scenario.drain_s, max_in_flight=5000
+            trace_path,
+            url=peer.url,
+            timeout_s=scenario.drain_s,
+            max_in_flight=5000,
+            cache_key_session=True,
         )
     command = ["vllm-router", *peer.argv[1:]]
-    return result, {"peer": {"command": " ".join(command), **peer_versions()}}
+    figures = {"command": " ".join(command), "session_header": PEER_SESSION_HEADER}
+    return result, {"peer": {**figures, **peer_versions()}}
 
 
 async def _replay_on_replicas(

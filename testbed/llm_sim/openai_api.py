@@ -8,12 +8,16 @@ vLLM's serialisation (compact JSON, `chat.completion.chunk` / `text_completion` 
 what it would see from vLLM.
 
 Token rule (the simulator's): the prompt is every message's text joined by spaces, split on
-whitespace; one word is one token. Pure: no I/O.
+whitespace; one word is one token. `token_ids` numbers those same tokens for `/tokenize` and
+the render endpoints (`tokenize_document`, `render_document`), so a router that tokenizes
+through the pod sees the prefix cache's own tokens: equal prefixes, equal leading ids.
+Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +32,10 @@ __all__ = [
     "error_document",
     "model_list_document",
     "parse_completion_request",
+    "parse_tokenize_request",
+    "render_document",
+    "token_ids",
+    "tokenize_document",
     "usage_chunk_document",
 ]
 
@@ -163,6 +171,51 @@ def parse_completion_request(body: bytes, *, chat: bool) -> CompletionRequest:
         include_usage=include_usage,
         body_bytes=len(body),
     )
+
+
+def parse_tokenize_request(body: bytes) -> CompletionRequest:
+    """Parse a `/tokenize` body: vLLM's chat form (`messages`) or completion form (`prompt`)."""
+    try:
+        document: Any = json.loads(body)
+    except ValueError as exc:
+        raise BadRequestError(f"The body is not valid JSON: {exc}.", code="invalid_json") from exc
+    chat = isinstance(document, dict) and "messages" in document
+    return parse_completion_request(body, chat=chat)
+
+
+def token_ids(prompt: Sequence[Token]) -> list[int]:
+    """The prompt's tokens as ids: an id stays itself, a word becomes its CRC-32.
+
+    CRC-32 rather than `hash()`: ids must not depend on the process (pods, the router and
+    tests see the same ids for the same word), as a real tokenizer's do not.
+    """
+    return [t if isinstance(t, int) else zlib.crc32(t.encode()) & 0x7FFFFFFF for t in prompt]
+
+
+def tokenize_document(prompt: Sequence[Token], *, max_model_len: int) -> dict[str, Any]:
+    """vLLM's `TokenizeResponse`: `count`, `max_model_len`, `tokens` (`token_strs` unset)."""
+    ids = token_ids(prompt)
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": None}
+
+
+def render_document(
+    request: CompletionRequest, *, request_id: str, model: str, max_tokens: int
+) -> dict[str, Any]:
+    """vLLM's `GenerateRequest`, what `/v1/chat/completions/render` answers (and each item of
+    `/v1/completions/render`'s list): the prompt's token ids and its sampling parameters,
+    reduced to those the simulator models (`max_tokens`)."""
+    return {
+        "request_id": request_id,
+        "token_ids": token_ids(request.prompt),
+        "features": None,
+        "sampling_params": {"max_tokens": max_tokens},
+        "model": model,
+        "stream": request.stream,
+        "stream_options": {"include_usage": True} if request.include_usage else None,
+        "cache_salt": None,
+        "priority": 0,
+        "kv_transfer_params": None,
+    }
 
 
 def error_document(

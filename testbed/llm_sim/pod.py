@@ -2,7 +2,10 @@
 
 Routing quality is measured end to end through a real Envoy, so a pod must be reachable
 like a vLLM pod: OpenAI-compatible completions (JSON or server-sent events), `/v1/models`,
-`/health` and a `/metrics` page in the flavour of the server it imitates. What happens
+`/health` and a `/metrics` page in the flavour of the server it imitates. A vLLM-flavoured
+pod also answers vLLM's `/tokenize`, `/v1/chat/completions/render` and
+`/v1/completions/render` (token ids by the simulator's token rule, `openai_api.token_ids`),
+which vllm-router's `cache_aware` asks every worker before it routes a request. What happens
 behind the socket is `engine.Engine`, stepped by one asyncio task per pod:
 
 - The step loop sleeps to ABSOLUTE deadlines on the event loop's clock: step k+1 starts
@@ -43,6 +46,7 @@ import json
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -60,6 +64,9 @@ from llm_sim.openai_api import (
     error_document,
     model_list_document,
     parse_completion_request,
+    parse_tokenize_request,
+    render_document,
+    tokenize_document,
     usage_chunk_document,
 )
 from llm_sim.profiles import H100, HardwareProfile
@@ -259,6 +266,10 @@ class SimulatedPod:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        if self.flavour is Flavour.VLLM:
+            app.router.add_post("/tokenize", self._tokenize)
+            app.router.add_post("/v1/chat/completions/render", self._render_chat)
+            app.router.add_post("/v1/completions/render", self._render_text)
         # A stopped pod cuts its in-flight responses within `_SHUTDOWN_S`, like a killed one.
         self._runner = web.AppRunner(
             app,
@@ -634,6 +645,74 @@ class SimulatedPod:
 
     async def _text(self, http_request: web.Request) -> web.StreamResponse:
         return await self._completion(http_request, chat=False)
+
+    async def _prepare(
+        self, http_request: web.Request, parse: Callable[[bytes], CompletionRequest]
+    ) -> tuple[CompletionRequest, str] | web.Response:
+        """(request, model name) of a tokenize or render body, or vLLM's refusal of it: 400
+        for a bad body or a prompt over `max_model_len` (which also bounds the answer), 404
+        for a model the pod does not serve."""
+        try:
+            request = parse(await http_request.read())
+        except BadRequestError as exc:
+            return error_response(
+                400, str(exc), code=exc.code, param=exc.param, backend_id=self.name
+            )
+        try:
+            model, _ = self._resolve(request.model)
+        except KeyError:
+            return error_response(
+                404,
+                f"The model `{request.model}` does not exist.",
+                code="model_not_found",
+                param="model",
+                backend_id=self.name,
+            )
+        limit = self.profile.max_model_len
+        if len(request.prompt) > limit:
+            return error_response(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"request has {len(request.prompt)} input tokens.",
+                code="invalid_request",
+                backend_id=self.name,
+            )
+        return request, model
+
+    async def _tokenize(self, http_request: web.Request) -> web.Response:
+        prepared = await self._prepare(http_request, parse_tokenize_request)
+        if isinstance(prepared, web.Response):
+            return prepared
+        document = tokenize_document(prepared[0].prompt, max_model_len=self.profile.max_model_len)
+        return web.json_response(
+            document, headers={BACKEND_ID_HEADER: self.name}, dumps=_compact_dumps
+        )
+
+    async def _render(self, http_request: web.Request, *, chat: bool) -> web.Response:
+        prepared = await self._prepare(
+            http_request, lambda body: parse_completion_request(body, chat=chat)
+        )
+        if isinstance(prepared, web.Response):
+            return prepared
+        request, model = prepared
+        document = render_document(
+            request,
+            request_id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            model=model,
+            max_tokens=request.max_tokens or self.default_max_tokens,
+        )
+        # vLLM renders a completion's prompt as a batch: a list of one here.
+        return web.json_response(
+            document if chat else [document],
+            headers={BACKEND_ID_HEADER: self.name},
+            dumps=_compact_dumps,
+        )
+
+    async def _render_chat(self, http_request: web.Request) -> web.Response:
+        return await self._render(http_request, chat=True)
+
+    async def _render_text(self, http_request: web.Request) -> web.Response:
+        return await self._render(http_request, chat=False)
 
     async def _models(self, http_request: web.Request) -> web.Response:
         document = model_list_document(

@@ -43,6 +43,7 @@ async def run_replay_in_subprocess(
     prompt_salt: str = "",
     extra_headers: Mapping[str, str] | None = None,
     extra_body: Mapping[str, Any] | None = None,
+    cache_key_session: bool = False,
     results_path: Path | None = None,
     wait_timeout_s: float | None = None,
     python: str = sys.executable,
@@ -85,6 +86,8 @@ async def run_replay_in_subprocess(
             argv += ["--header", f"{name}: {value}"]
         if extra_body:
             argv += ["--extra-body", json.dumps(dict(extra_body))]
+        if cache_key_session:
+            argv.append("--cache-key-session")
         process = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
         )
@@ -135,6 +138,11 @@ def _parser() -> argparse.ArgumentParser:
         "--header", action="append", default=[], help="'name: value', on every request"
     )
     parser.add_argument("--extra-body", default=None, help="JSON object merged into bodies")
+    parser.add_argument(
+        "--cache-key-session",
+        action="store_true",
+        help="send prompt_cache_key as x-session-id when a request has no session",
+    )
     parser.add_argument("--output", default="-", help="results JSON file, '-' for stdout")
     return parser
 
@@ -172,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 band_header=args.band_header,
                 prompt_salt=args.prompt_salt,
                 extra_body=extra_body,
+                cache_key_session=args.cache_key_session,
             )
         )
     except LoadgenError as exc:

@@ -86,6 +86,7 @@ async def replay(
     band_header: str = DEFAULT_BAND_HEADER,
     prompt_salt: str = "",
     extra_body: Mapping[str, Any] | None = None,
+    cache_key_session: bool = False,
 ) -> ReplayResult:
     """Replay `trace` against the OpenAI-compatible server at `url` (scheme, host, port).
 
@@ -94,7 +95,10 @@ async def replay(
     `stream_options_usage` is False, `user` and `x-session-id` set to the session (when the
     request has one; else `user` to the request's user, if any), the band in
     `band_header`, then the headers `headers_for(request)` returns and the fields of
-    `extra_body` (e.g. `{"ignore_eos": True}` for a real vLLM).
+    `extra_body` (e.g. `{"ignore_eos": True}` for a real vLLM). With `cache_key_session`, a
+    request with a prefix group and no session also carries its `prompt_cache_key` in
+    `x-session-id`, where a router that does not read the body's key (vllm-router) finds it; the
+    trace and every body are unchanged.
     `timeout_s` bounds each request from send to last byte; `time_scale` stretches (> 1)
     or compresses (< 1) the schedule. Returns when every request has finished.
     """
@@ -116,6 +120,7 @@ async def replay(
             headers_for=headers_for,
             salt=prompt_salt,
             extra_body=dict(extra_body or {}),
+            cache_key_session=cache_key_session,
             start=loop.time() + _START_DELAY_S,
         )
         started_at_unix = time.time() + (sender.start - loop.time())
@@ -198,6 +203,7 @@ class _Sender:
         headers_for: HeadersFor | None,
         salt: str,
         extra_body: dict[str, Any],
+        cache_key_session: bool,
         start: float,
     ) -> None:
         self.session = session
@@ -208,6 +214,7 @@ class _Sender:
         self.headers_for = headers_for
         self.salt = salt
         self.extra_body = extra_body
+        self.cache_key_session = cache_key_session
         self.start = start
         self.results: list[RequestResult] = []
         self.in_flight = 0
@@ -259,14 +266,17 @@ class _Sender:
             body["user"] = request.session
         elif request.user is not None:
             body["user"] = request.user
-        if request.prefix_group is not None:
+        cache_key = None if request.prefix_group is None else f"prefix-{request.prefix_group}"
+        if cache_key is not None:
             # What a client sharing a system prompt sets for cache-friendly routing (OpenAI's
             # `prompt_cache_key`); the model server ignores it.
-            body["prompt_cache_key"] = f"prefix-{request.prefix_group}"
+            body["prompt_cache_key"] = cache_key
         body.update(self.extra_body)
         headers = {"content-type": "application/json", self.band_header: request.band}
         if request.session is not None:
             headers[SESSION_HEADER] = request.session
+        elif self.cache_key_session and cache_key is not None:
+            headers[SESSION_HEADER] = cache_key
         if self.headers_for is not None:
             headers.update(self.headers_for(request))
         return json.dumps(body).encode(), headers

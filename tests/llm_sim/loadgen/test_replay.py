@@ -8,6 +8,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -363,3 +364,35 @@ async def test_a_users_request_carries_user_without_a_session_header(server: Fak
     assert "user" not in bodies[0].body
     assert bodies[1].body["user"] == "user-heavy-0"
     assert all(SESSION_HEADER not in a.headers for a in server.arrivals)
+
+
+async def test_cache_key_session_sends_the_prompt_cache_key_as_the_session_header(
+    server: FakeServer, tmp_path: Path
+) -> None:
+    base = trace_at([0.0, 0.01, 0.02])
+    # 0: a prefix group only; 1: a group and its own session; 2: neither.
+    requests = (
+        dataclasses.replace(base.requests[0], session=None, prefix_group=3),
+        dataclasses.replace(base.requests[1], prefix_group=4),
+        dataclasses.replace(base.requests[2], session=None),
+    )
+    Trace(spec=base.spec, seed=0, requests=requests).save(tmp_path / "trace.jsonl")
+    sent: dict[bool, dict[str, tuple[dict[str, Any], str | None]]] = {}
+    for enabled in (False, True):
+        server.arrivals.clear()
+        await run_replay_in_subprocess(
+            tmp_path / "trace.jsonl",
+            url=server.url,
+            timeout_s=5,
+            max_in_flight=10,
+            cache_key_session=enabled,
+        )
+        sent[enabled] = {
+            a.body["messages"][0]["content"]: (a.body, a.headers.get(SESSION_HEADER))
+            for a in server.arrivals
+        }
+    by_index = [r.prompt_text() for r in requests]
+    assert [sent[False][p][1] for p in by_index] == [None, "s1", None]
+    assert [sent[True][p][1] for p in by_index] == ["prefix-3", "s1", None]
+    # The bodies do not change.
+    assert [sent[True][p][0] for p in by_index] == [sent[False][p][0] for p in by_index]
