@@ -17,7 +17,14 @@ sticky, whatever the policy):
   for every policy, and is what "keys of unloaded pods" means here;
 - `light_never_queued`: light keys whose home never queued in the measured window, by the
   simulator's own queue (below); empty when every pod queued at some point;
-- `light_all`: every light key.
+- `light_all`: every light key;
+- `light_calm` (the project only, from the server's decisions): light keys whose pod the
+  server never took off the session table in the measured window, and no heavy key lives
+  on; a key's pod is where its requests went while no pod was off the table (the ring's
+  choice), and its stickiness counts its requests there. This is "keys of unloaded pods"
+  for a policy that spills: with "most-used pod", a light key of a pod that spilled for
+  most of the run has its spill target as its home, an unloaded pod, and counts as a
+  key of an unloaded pod that moved.
 
 `spill_reaction_s` is measured on queueing episodes: a pod queues while the simulator's
 engine has more than `queue_slack` requests waiting (the server's own threshold,
@@ -46,6 +53,7 @@ sticky keys are by chance; the spill figures are meaningful for the project.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import statistics
@@ -207,19 +215,25 @@ def _sent(trace: Trace, results: Iterable[RequestResult], *, started_at_unix: fl
     return sorted(sent, key=lambda s: s.at)
 
 
-def _group(per_key: Mapping[str, Counter[str]]) -> dict[str, Any]:
+def _group(
+    per_key: Mapping[str, Counter[str]], homes: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The group's stickiness: on each key's most-used pod, or on its pod in `homes`."""
+
+    def on_home(key: str, pods: Counter[str]) -> int:
+        return pods[homes[key]] if homes is not None else max(pods.values())
+
     requests = sum(sum(c.values()) for c in per_key.values())
-    on_home = sum(max(c.values()) for c in per_key.values())
-    shares = [max(c.values()) / sum(c.values()) for c in per_key.values()]
+    shares = [on_home(k, c) / sum(c.values()) for k, c in per_key.items()]
     counted = [
-        max(c.values()) / sum(c.values())
-        for c in per_key.values()
+        on_home(k, c) / sum(c.values())
+        for k, c in per_key.items()
         if sum(c.values()) >= MIN_KEY_REQUESTS
     ]
     return {
         "keys": len(shares),
         "requests": requests,
-        "weighted": on_home / requests if requests else None,
+        "weighted": sum(on_home(k, c) for k, c in per_key.items()) / requests if requests else None,
         "median": statistics.median(counted) if counted else None,
         "min": min(counted) if counted else None,
     }
@@ -258,12 +272,41 @@ def key_figures(
         ),
         "light_all": _group(light),
     }
+    if spilled:
+        stickiness["light_calm"] = _calm_group(sent, light, heavy_homes, spilled, window_start)
     starting = [e for e in in_window if e.start >= window_start]
     spill = _spill_reactions(sent, heavy, starting, spilled)
     spill["short_episodes"] = sum(
         1 for e in episodes if e.start >= window_start and e not in queues
     )
     return {"key_stickiness": stickiness, "spill_reaction_s": spill}
+
+
+def _calm_group(
+    sent: Sequence[_Sent],
+    light: Mapping[str, Counter[str]],
+    heavy_homes: Collection[str],
+    spilled: Sequence[tuple[float, Collection[str]]],
+    window_start: float,
+) -> dict[str, Any]:
+    """`light_calm` (the project only): light keys whose pod the server never took off the
+    session table in the window, and no heavy key lives on. A key's pod is where its
+    requests went while no pod was off the table (the ring's choice for it); its
+    stickiness counts its requests there."""
+    times = [t for t, _ in spilled]
+    ever_spilled = {pod for t, pods in spilled if t >= window_start for pod in pods}
+    calm_sends: dict[str, Counter[str]] = defaultdict(Counter)
+    for s in sent:
+        index = bisect.bisect_right(times, s.at) - 1
+        if s.key in light and (index < 0 or not spilled[index][1]):
+            calm_sends[s.key][s.pod] += 1
+    homes = {key: pods.most_common(1)[0][0] for key, pods in calm_sends.items()}
+    calm = {
+        key: light[key]
+        for key, home in homes.items()
+        if home not in ever_spilled and home not in heavy_homes
+    }
+    return _group(calm, homes)
 
 
 def _decided_after(

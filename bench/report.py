@@ -359,26 +359,37 @@ def _share(value: Any) -> str:
     return "–" if value is None else f"{100 * value:.0f}%"
 
 
+def _calm_keys(group: Mapping[str, Any] | None) -> str:
+    """The project's `light_calm` group (bench/affinity.py); other policies have none."""
+    if not group:
+        return "–"
+    weighted, worst = _share(group.get("weighted")), _share(group.get("min"))
+    return f"{weighted} ({worst} min; {group.get('keys', 0)} keys)"
+
+
 def _keys_table(policies: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Scenario h's figures (bench/affinity.py): key stickiness and the heavy keys' spill."""
     lines = [
         "| policy | light keys of unloaded pods: on home (median, min; keys) "
-        "| … of never-queued pods | heavy keys on home "
+        "| … of never-queued pods | … of pods the server never spilled (its ring's home) "
+        "| heavy keys on home "
         "| spill reaction ms p50 / max (spilled / episodes) | stayed max ms "
         "| unspilled (longest ms) / idle | server decision ms p50 / max |",
-        "|---|---|---|---|---|---:|---|---|",
+        "|---|---|---|---|---|---|---:|---|---|",
     ]
     for policy in ordered_policies(policies):
         s = policies[policy]
         sticky = s.get("key_stickiness") or {}
         unloaded = sticky.get("light_unloaded") or {}
         never = sticky.get("light_never_queued") or {}
+        calm = sticky.get("light_calm")
         heavy = sticky.get("heavy") or {}
         spill = s.get("spill_reaction_s") or {}
         lines.append(
             f"| {policy} | {_share(unloaded.get('weighted'))} ({_share(unloaded.get('median'))},"
             f" {_share(unloaded.get('min'))}; {unloaded.get('keys', 0)}) "
             f"| {_share(never.get('weighted'))} ({never.get('keys', 0)} keys) "
+            f"| {_calm_keys(calm)} "
             f"| {' / '.join(_share(v) for _, v in sorted(heavy.items())) or '–'} "
             f"| {_ms(spill.get('median'))} / {_ms(spill.get('max'))}"
             f" ({spill.get('spilled', 0)} / {spill.get('episodes', 0)}) "

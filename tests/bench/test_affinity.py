@@ -192,3 +192,36 @@ def test_hot_keys_heaviest_user_alone_exceeds_one_pod() -> None:
         if r.user == "user-heavy-0"
     )
     assert heaviest / total > 1 / 2.4
+
+
+def test_keys_of_calm_pods_are_homed_where_the_ring_put_them() -> None:
+    """light-0 hashes to p0, which spills from 2.0 to 5.0: its requests then go to p1,
+    the most-used pod, so "most used" calls it a key of unloaded p1 at 1/4. By the
+    server's decisions it is p0's key, and p0 spilled: not a key of a calm pod. light-1
+    lives on p1 and never moves: 100%."""
+    users = ["user-heavy-0"] * 2 + ["user-light-0"] * 4 + ["user-light-1"] * 3
+    sent = [
+        (1.0, "p2"),
+        (6.0, "p2"),
+        (1.0, "p0"),
+        (2.5, "p1"),
+        (3.5, "p1"),
+        (4.5, "p1"),
+        (1.5, "p1"),
+        (3.0, "p1"),
+        (5.5, "p1"),
+    ]
+    spilled = [(START + t, pods) for t, pods in ((0.5, set()), (2.0, {"p0"}), (5.0, set()))]
+    figures = key_figures(trace_of(users), replay_of(sent), episodes=[], spilled=spilled)
+    sticky = figures["key_stickiness"]
+    assert sticky["light_unloaded"]["keys"] == 2
+    assert sticky["light_unloaded"]["weighted"] == pytest.approx(6 / 7)
+    assert sticky["light_calm"] == {
+        "keys": 1,
+        "requests": 3,
+        "weighted": 1.0,
+        "median": 1.0,
+        "min": 1.0,
+    }
+    without = key_figures(trace_of(users), replay_of(sent), episodes=[])
+    assert "light_calm" not in without["key_stickiness"]

@@ -1,10 +1,11 @@
 """Keyed traffic stays load-aware, through a real Envoy: a session key sticks to its pod
 while that pod is healthy and does not queue; when it queues, new requests of its keys go
-to the next pod on the ring, and come back once it recovers. Keys of other pods never
-move."""
+to the next pod on the ring, stay there while its batch is still full, and come back once
+it has room. Keys of other pods never move."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,7 +23,7 @@ _PAGE = """\
 # TYPE vllm:num_requests_waiting gauge
 vllm:num_requests_waiting{{model_name="m"}} {waiting}
 # TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{{model_name="m"}} 1
+vllm:num_requests_running{{model_name="m"}} {running}
 # TYPE vllm:gpu_cache_usage_perc gauge
 vllm:gpu_cache_usage_perc{{model_name="m"}} 0.2
 # TYPE vllm:cache_config_info gauge
@@ -31,15 +32,18 @@ vllm:cache_config_info{{block_size="16",num_gpu_blocks="5000"}} 1
 
 
 class Pod:
-    """A model server double: a vLLM-style /metrics page with a settable queue, and a chat
-    endpoint that says which pod answered."""
+    """A model server double: a vLLM-style /metrics page with a settable queue and batch,
+    and a chat endpoint that says which pod answered."""
 
     def __init__(self) -> None:
         self.waiting = 0
+        self.running = 1
         self.port = 0
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(text=_PAGE.format(waiting=self.waiting), content_type="text/plain")
+        return web.Response(
+            text=_PAGE.format(waiting=self.waiting, running=self.running), content_type="text/plain"
+        )
 
     async def _chat(self, request: web.Request) -> web.Response:
         await request.read()
@@ -103,9 +107,9 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(tmp_pat
         # Sticky: asked again, every key answers from the same pod.
         assert {k: await served(k) for k in home} == home
 
-        # The hot pod queues: its keys spill to the next pods on the ring, and no other
-        # key moves.
-        pods[0].waiting = 8
+        # The hot pod's batch is full and it queues: its keys spill to the next pods on the
+        # ring, and no other key moves.
+        pods[0].running, pods[0].waiting = 16, 8
 
         async def spilled() -> bool:
             return all([await served(k) != hot for k in hot_keys])
@@ -116,8 +120,19 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(tmp_pat
         for key in (k for k, p in home.items() if p not in (hot, cold)):
             assert await served(key) == home[key], key
 
-        # It recovers: its keys come back (their cached prefixes are there).
+        # Its queue drains, its batch still full: the keys stay off (back now, they would
+        # queue at once), for ten scrape intervals and more.
         pods[0].waiting = 0
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 10 * config.balancing.scrape_interval_s
+        while loop.time() < until:
+            pool = gateway.app.controller.decision.pools["gpu"]
+            assert next(e.ring_spill for e in pool.endpoints if e.port == hot)
+            for key in hot_keys:
+                assert await served(key) != hot, key
+
+        # It has room again: its keys come back (their cached prefixes are there).
+        pods[0].running = 2
 
         async def returned() -> bool:
             return all([await served(k) == hot for k in hot_keys])
