@@ -45,7 +45,9 @@ then balances a uniform fleet by plain round robin) and small noise does not tur
 EDS pushes or swings between Envoys. A pool with session affinity also gets ring weights,
 the capacity factor alone on the same ladder: consistent hashing sizes each pod's share of
 the keys by its weight, and keys that moved with load would lose their cached prefixes
-(envoy/clusters.py).
+(envoy/clusters.py). Load moves keys another way: a pod loaded beyond the others, or near
+its batch ceiling, leaves the session table for a while (`ring_spill`, _spilling), and its
+pool weight drops as for a long prompt.
 
 Health: a pod whose scrapes could not connect at all (refused, reset: `PodSignals.down`)
 is UNHEALTHY at the next decision, and HEALTHY again once a scrape succeeds; a pod that has
@@ -376,9 +378,9 @@ def score_pool(
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
     `memory`, `placement`, `adapter_activity`, `spilled` and `batch_peaks` are the
-    previous call's (empty at first);
-    `draining` lists endpoints being shut down; `long_prompts` the long prompts in flight
-    per endpoint id. Pure: the same inputs give the same output.
+    previous call's (empty at first); `draining` lists endpoints being shut down;
+    `long_prompts` the long prompts in flight per endpoint id. Pure: the same inputs give
+    the same output.
     """
     keys = {endpoint_id(e) for e in pool.endpoints}
     down = {key for key, s in signals.items() if s.down}
