@@ -157,6 +157,10 @@ def _routing(
                     # Envoy on its own, with equal weights.
                     "gpu_aware": project,
                     "session_affinity": project and scenario.session_affinity,
+                    # What an operator knows of the engines it deployed: their batch limit.
+                    "batch_limit": min(pod.profile.max_num_seqs for pod in scenario.pods)
+                    if project
+                    else None,
                     "endpoints": [
                         {"address": host, "port": port, "weight": 1} for host, port in endpoints
                     ],

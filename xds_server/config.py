@@ -134,6 +134,11 @@ class PoolConfig(_Strict):
     # prefix it shares, meets the pod that has it cached. Requests without a key are
     # balanced by weighted least request as usual.
     session_affinity: bool = False
+    # The most requests one of the pool's engines runs at once (vLLM's --max-num-seqs,
+    # SGLang's --max-running-requests, TGI's --max-batch-size), which none of them exports.
+    # With session_affinity, a pod whose batch nears it passes its keys on until it has
+    # room (README); unset, only queues move keys.
+    batch_limit: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
     # Weights from live GPU metrics (least_request pools); False keeps the static weights
     # below, i.e. Envoy's least request on its own.
     gpu_aware: bool = True

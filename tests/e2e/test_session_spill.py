@@ -78,6 +78,7 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(tmp_pat
                         "name": "gpu",
                         "models": ["m"],
                         "session_affinity": True,
+                        "batch_limit": 16,
                         "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in pods],
                     }
                 ],

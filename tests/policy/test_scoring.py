@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import pytest
 
 from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
-from xds_server.policy.scoring import MAX_WEIGHT, BatchPeak, PodSignals, ScoredPool, score_pool
+from xds_server.policy.scoring import MAX_WEIGHT, PodSignals, ScoredPool, score_pool
 from xds_server.policy.state import Health
 
 POOL = PoolConfig.model_validate(
@@ -314,15 +314,15 @@ def test_a_queueing_pod_spills_its_keys_off_the_session_ring() -> None:
 def _session_step(
     pool_signals: dict[str, PodSignals], previous: ScoredPool | None = None
 ) -> ScoredPool:
-    """One decision of a session-affinity pool, fed the previous one's memory."""
-    session_pool = POOL.model_copy(update={"session_affinity": True})
+    """One decision of a session-affinity pool whose engines run 48 requests at most, fed
+    the previous one's memory."""
+    session_pool = POOL.model_copy(update={"session_affinity": True, "batch_limit": 48})
     return score_pool(
         session_pool,
         settings=SETTINGS,
         signals=pool_signals,
         memory=previous.memory if previous else {},
         spilled=previous.spilled if previous else frozenset(),
-        batch_peaks=previous.batch_peaks if previous else {},
     )
 
 
@@ -331,42 +331,45 @@ def _weight(scored: ScoredPool, key: str) -> int:
 
 
 def test_a_full_batch_spills_before_it_queues_and_holds_until_it_has_room() -> None:
-    """A pod seen queueing with KV room shows its batch ceiling (vLLM's max_num_seqs, which
-    no metric reports); from 80% of that ceiling it spills its keys and leaves the pool
-    cluster's rotation while the other pods are calm, and takes them back only once
-    nothing waits and its batch is below 60% of the ceiling."""
+    """From 80% of the pool's batch limit (vLLM's max_num_seqs, which no metric reports)
+    a pod spills its keys and leaves the pool cluster's rotation while the other pods are
+    calm, and takes them back only once its batch is below 60% of the limit."""
     calm = signals(running=10)
-    learned = _session_step({A: signals(running=48, waiting=3), B: calm})
-    assert learned.spilled == {A} and learned.batch_peaks[A] == BatchPeak(48, True)
-    # Back to one waiting, batch still full: held (released here before, and queued again).
-    held = _session_step({A: signals(running=48, waiting=1), B: calm}, learned)
-    assert held.spilled == {A}
-    assert _weight(held, A) < _weight(held, B) / 50
-    # Nothing waiting, batch full, then 29 of 48: still held.
-    held = _session_step({A: signals(running=48), B: calm}, held)
+    assert _session_step({A: signals(running=38), B: calm}).spilled == frozenset()
+    full = _session_step({A: signals(running=39), B: calm})
+    assert full.spilled == {A}
+    assert _weight(full, A) < _weight(full, B) / 50
+    # Still full with one waiting, then 29 of 48: held (released at its first short queue
+    # before, it took its keys back with no free slot and queued again at once).
+    held = _session_step({A: signals(running=48, waiting=1), B: calm}, full)
     held = _session_step({A: signals(running=29), B: calm}, held)
     assert held.spilled == {A}
     released = _session_step({A: signals(running=28), B: calm}, held)
     assert released.spilled == frozenset()
     assert _weight(released, A) == _weight(released, B)
-    # 38 of 48 with nobody waiting: stays; 39 (80%): spills at once.
-    assert _session_step({A: signals(running=38), B: calm}, released).spilled == frozenset()
-    assert _session_step({A: signals(running=39), B: calm}, released).spilled == {A}
 
 
-def test_a_ceiling_needs_kv_room_and_a_full_batch_spills_only_among_calm_pods() -> None:
-    """A queue behind a full KV cache says nothing of the batch limit; and a full batch
-    while the other pods queue too is a surge, which moves no key."""
-    kv_bound = _session_step({A: signals(running=20, waiting=3, kv_usage=0.95), B: signals()})
-    assert kv_bound.batch_peaks[A] == BatchPeak(20, False)
-    busy = signals(running=30)
-    learned = _session_step({A: signals(running=48, waiting=3), B: busy})
-    released = _session_step({A: signals(running=20), B: busy}, learned)
-    assert released.spilled == frozenset()
-    surge = _session_step(
-        {A: signals(running=48, waiting=1), B: signals(running=30, waiting=2)}, released
-    )
-    assert surge.spilled == frozenset()
+def test_without_a_batch_limit_only_queues_move_keys() -> None:
+    """A limit guessed from queues was wrong: vLLM also queues when prefills use up a
+    step's token budget, with free slots."""
+    session_pool = POOL.model_copy(update={"session_affinity": True})
+    full = {A: signals(running=48, waiting=1), B: signals(running=10)}
+    scored = score_pool(session_pool, settings=SETTINGS, signals=full, memory={})
+    assert scored.spilled == frozenset()
+
+
+def test_a_full_pod_whose_cache_serves_half_its_prompts_keeps_its_keys() -> None:
+    """Moving keys whose prefixes are cached costs more prefill than a slot's wait."""
+    calm = signals(running=10)
+    assert _session_step({A: signals(running=40, prefix_hit_rate=0.49), B: calm}).spilled == {A}
+    cached = _session_step({A: signals(running=40, prefix_hit_rate=0.5), B: calm})
+    assert cached.spilled == frozenset()
+
+
+def test_a_full_batch_spills_only_among_calm_pods() -> None:
+    """A full batch while the other pods queue too is a surge, which moves no key."""
+    surge = {A: signals(running=48, waiting=1), B: signals(running=30, waiting=2)}
+    assert _session_step(surge).spilled == frozenset()
 
 
 def test_no_pod_spills_when_every_pod_would() -> None:
@@ -376,25 +379,13 @@ def test_no_pod_spills_when_every_pod_would() -> None:
     assert not any(e.ring_spill for e in first.state.endpoints)
 
 
-def test_a_queue_below_the_peak_is_a_burst_and_a_false_ceiling_is_forgotten() -> None:
-    """Requests arriving within one engine step queue on a pod with free slots: a ceiling
-    is only believed near the most the pod was seen running, and dropped once it runs
-    more."""
-    seen = _session_step({A: signals(running=30), B: signals(running=24)})
-    burst = _session_step({A: signals(running=11, waiting=3), B: signals(running=24)}, seen)
-    assert burst.batch_peaks[A] == BatchPeak(30, False)
-    early = _session_step({A: signals(running=11, waiting=3), B: signals(running=24)})
-    assert early.batch_peaks[A] == BatchPeak(11, True)
-    grown = _session_step({A: signals(running=12), B: signals(running=24)}, early)
-    assert grown.batch_peaks[A] == BatchPeak(12, False)
-
-
 def test_at_most_half_the_pods_spill_the_most_loaded_first() -> None:
     """Maglev gives a spilled pod's keys to the others: with three of four out, one pod
     would take every key."""
     four = POOL.model_copy(
         update={
             "session_affinity": True,
+            "batch_limit": 40,
             "endpoints": [EndpointConfig(address=f"10.0.0.{i}", port=8000) for i in range(1, 5)],
         }
     )
@@ -404,12 +395,5 @@ def test_at_most_half_the_pods_spill_the_most_loaded_first() -> None:
         "10.0.0.3:8000": signals(running=40),
         "10.0.0.4:8000": signals(running=39),
     }
-    # Three pods at their batch ceiling of 40.
-    full = score_pool(
-        four,
-        settings=SETTINGS,
-        signals=pods,
-        memory={},
-        batch_peaks={key: BatchPeak(40, True) for key in pods},
-    )
+    full = score_pool(four, settings=SETTINGS, signals=pods, memory={})
     assert full.spilled == {"10.0.0.3:8000", "10.0.0.4:8000"}

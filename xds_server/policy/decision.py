@@ -7,8 +7,8 @@ measured at the instant the controller decides, on its clock: time enters here o
 those ages) and the load the Envoys report, already keyed by pool, band and endpoint id
 (fleet_load.py translates Envoy's cluster names once, before this is called). The
 policy's memory (smoothed scores, LoRA adapter placement and activity, the pods spilling
-session keys and their batch peaks, per pool) goes in and its next value comes out, so
-nothing here is kept between calls: the controller holds the memory and hands it back.
+session keys, per pool) goes in and its next value comes out, so nothing here is kept
+between calls: the controller holds the memory and hands it back.
 
 The Decision speaks the policy's language, not Envoy's: endpoint states per pool (weights,
 health, adapters) and, with flow control, each pool's admission (per band: its fleet-wide
@@ -24,7 +24,7 @@ from types import MappingProxyType
 
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.policy.admission import BandLoad, PodCapacity, PoolAdmission, admit
-from xds_server.policy.scoring import BatchPeak, PodSignals, endpoint_id, score_pool
+from xds_server.policy.scoring import PodSignals, endpoint_id, score_pool
 from xds_server.policy.state import Health, PoolState
 
 __all__ = [
@@ -68,7 +68,6 @@ class PoolMemory:
     placement: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     adapter_activity: Mapping[str, float] = field(default_factory=dict)
     spilled: frozenset[str] = frozenset()
-    batch_peaks: Mapping[str, BatchPeak] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +121,6 @@ def decide(inputs: DecisionInputs, memory: PolicyMemory) -> tuple[Decision, Poli
             placement=previous.placement,
             adapter_activity=previous.adapter_activity,
             spilled=previous.spilled,
-            batch_peaks=previous.batch_peaks,
             draining={endpoint_id(e) for e in pool.endpoints if e.draining},
         )
         pools[pool.name] = scored.state
@@ -131,7 +129,6 @@ def decide(inputs: DecisionInputs, memory: PolicyMemory) -> tuple[Decision, Poli
             placement=scored.placement,
             adapter_activity=scored.adapter_activity,
             spilled=scored.spilled,
-            batch_peaks=scored.batch_peaks,
         )
     admissions: dict[str, PoolAdmission] = {}
     if config.flow_control.enabled and load is not None:

@@ -46,7 +46,7 @@ EDS pushes or swings between Envoys. A pool with session affinity also gets ring
 the capacity factor alone on the same ladder: consistent hashing sizes each pod's share of
 the keys by its weight, and keys that moved with load would lose their cached prefixes
 (envoy/clusters.py). Load moves keys another way: a pod loaded beyond the others, or near
-its batch ceiling, leaves the session table for a while (`ring_spill`, _spilling), and its
+its pool's `batch_limit`, leaves the session table for a while (`ring_spill`, _spilling), and its
 pool weight drops as for a long prompt.
 
 Health: a pod whose scrapes could not connect at all (refused, reset: `PodSignals.down`)
@@ -95,8 +95,10 @@ __all__ = [
     "KV_KNEE",
     "MAX_WEIGHT",
     "MIN_CAPACITY_PEERS",
-    "BatchPeak",
     "PodSignals",
+    "SPILL_FULL",
+    "SPILL_MAX_HIT_RATE",
+    "SPILL_RELEASE",
     "ScoredPool",
     "capacity_peer_group",
     "endpoint_id",
@@ -108,13 +110,14 @@ MAX_WEIGHT = 100_000
 KV_KNEE = 0.8
 _KV_FLOOR = 0.05
 _LADDER = 1.15
-# A session pod spills its keys when its batch reaches this share of its ceiling, and takes
-# them back once it is below the second (_spilling): room for a few keys' requests, not
-# the first free slot.
+# A session pod spills its keys when its batch reaches this share of the pool's
+# `batch_limit`, and takes them back once it is below the second (_spilling): room for a
+# few keys' requests, not the first free slot.
 SPILL_FULL = 0.8
 SPILL_RELEASE = 0.6
-# A queue seen with a batch this close to the pod's peak shows the peak is its ceiling.
-_AT_PEAK = 0.95
+# ... unless its prefix cache serves this share of its prompt tokens or more: then its keys'
+# prefixes are worth more than a slot's wait.
+SPILL_MAX_HIT_RATE = 0.5
 # The batch a pod of the largest capacity is assumed to run, for the running scorer.
 _REFERENCE_SLOTS = 32.0
 # An adapter's activity moves this share of the way towards 1 (some pod runs it) or 0 at
@@ -159,16 +162,6 @@ class PodSignals:
     scraped: bool = True
 
 
-@dataclass(frozen=True)
-class BatchPeak:
-    """The most requests a pod was seen running, and whether it queued there with KV room:
-    then that is its batch ceiling (vLLM queues with free KV only when its batch is full,
-    at `max_num_seqs`, which no metric reports)."""
-
-    running: float
-    full: bool
-
-
 @dataclass(frozen=True, kw_only=True)
 class ScoredPool:
     state: PoolState
@@ -178,10 +171,8 @@ class ScoredPool:
     memory: Mapping[str, float]
     placement: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     adapter_activity: Mapping[str, float] = field(default_factory=dict)
-    # The pods spilling their session keys for load, and each pod's batch peak, to pass
-    # back as `spilled` and `batch_peaks` (_spilling).
+    # The pods spilling their session keys for load, to pass back as `spilled` (_spilling).
     spilled: frozenset[str] = frozenset()
-    batch_peaks: Mapping[str, BatchPeak] = field(default_factory=dict)
 
 
 def endpoint_id(endpoint: EndpointConfig) -> str:
@@ -286,29 +277,11 @@ def _score(signals: PodSignals, capacity: float, settings: BalancingConfig) -> f
     return float(math.prod(value**exponent for value, exponent in factors if exponent))
 
 
-def _batch_peaks(
-    fresh: Mapping[str, PodSignals], previous: Mapping[str, BatchPeak], settings: BalancingConfig
-) -> dict[str, BatchPeak]:
-    """Each pod's batch peak after this scrape. Requests that arrive within one engine step
-    also show a queue below the ceiling, so a ceiling is only believed at the peak, and
-    forgotten once the pod runs more."""
-    peaks = dict(previous)
-    for key, s in fresh.items():
-        queued = s.waiting > settings.queue_slack and (s.kv_usage is None or s.kv_usage < KV_KNEE)
-        peak = peaks.get(key)
-        if peak is None or s.running > peak.running:
-            peaks[key] = BatchPeak(s.running, queued)
-        elif queued and not peak.full and s.running >= _AT_PEAK * peak.running:
-            peaks[key] = BatchPeak(peak.running, True)
-    return peaks
-
-
 def _spilling(
     pool: PoolConfig,
     healthy: list[str],
     fresh: Mapping[str, PodSignals],
     capacities: Mapping[str, float],
-    ceilings: Mapping[str, float],
     spilled: Set[str],
     settings: BalancingConfig,
 ) -> frozenset[str]:
@@ -316,24 +289,29 @@ def _spilling(
     loaded beyond the others (long prompts aside, see score_pool).
 
     A pod starts to spill when it queues beyond `queue_slack` plus twice the median queue
-    of the pool's other pods, or, while the other pods' median queue is empty, when its
-    batch reaches `SPILL_FULL` of its ceiling (a first token waits for every decode of
-    the batch, and at the ceiling for a free slot). Hot keys on one pod, not a surge that
-    every pod queues through: measured on scenario c's cold start, spilling on any queue
-    moved keys off the pods that held their prefixes while every pod's queue was
-    draining, and its prefix-cache hits fell from 1.2x round robin's to 1.1x; spilling
-    on a batch twice the other pods' median moved c's 2,048-token prefixes for a few
-    requests of difference, and its P99 TTFT went from 0.17 s to 1.1 s.
+    of the pool's other pods, or, with the pool's `batch_limit` known and the other pods'
+    median queue empty, when its batch reaches `SPILL_FULL` of that limit (a first token
+    waits for every decode of the batch, and at the limit for a free slot). Hot keys on
+    one pod, not a surge that every pod queues through: measured on scenario c's cold
+    start, spilling on any queue moved keys off the pods that held their prefixes while
+    every pod's queue was draining, and its prefix-cache hits fell from 1.2x round robin's
+    to 1.1x. The limit is configured, not guessed: vLLM exports no `max_num_seqs`, and it
+    also queues when prefills use up a step's token budget, with free slots, so a limit
+    learned from queues came out too low on c. A pod whose prefix cache serves
+    `SPILL_MAX_HIT_RATE` of its prompt tokens or more keeps its keys through a full batch:
+    c's 2,048-token prefixes moved off full pods cost more than the wait (prefix hits
+    1.14-1.17x round robin's in the quick run, 1.2x and more without); and spilling on a
+    batch twice the other pods' median cost c's P99 (0.17 s to 1.1 s).
 
-    A pod that spills keeps spilling until nothing waits on it and its batch is below
-    `SPILL_RELEASE` of its ceiling: released at its first empty queue, a full pod took
-    its keys back with no free slot and queued again at once (scenario h: 19 spills of
-    0.75 s in 64 s, P99 TTFT 2 s).
+    A pod that spills keeps spilling while its batch is at `SPILL_RELEASE` of the limit or
+    more: released at its first short queue, a full pod took its keys back with no free
+    slot and queued again at once (scenario h: 19 spills of 0.75 s in 64 s, P99 TTFT 2 s).
 
     At most half the healthy pods spill, the most loaded first: Maglev gives a spilled
     pod's keys to the others, and with three of four out one pod took every key."""
     if not pool.session_affinity:
         return frozenset()
+    limit = pool.batch_limit
     present = [key for key in healthy if key in fresh]
     queues = {key: fresh[key].waiting for key in present}
     ordered_queues = sorted(queues.values())
@@ -346,14 +324,11 @@ def _spilling(
         typical_queue = typical(ordered_queues, queues[key])
         if signals.waiting > settings.queue_slack + 2 * typical_queue:
             return True
-        ceiling = ceilings.get(key)
-
-        def beyond(share: float) -> bool:
-            return ceiling is not None and signals.running >= share * ceiling
-
-        if typical_queue == 0 and beyond(SPILL_FULL):
+        if limit is None or (signals.prefix_hit_rate or 0.0) >= SPILL_MAX_HIT_RATE:
+            return False
+        if typical_queue == 0 and signals.running >= SPILL_FULL * limit:
             return True
-        return key in spilled and (signals.waiting > 0 or beyond(SPILL_RELEASE))
+        return key in spilled and signals.running >= SPILL_RELEASE * limit
 
     candidates = sorted(
         (key for key in present if loaded(key)),
@@ -373,12 +348,11 @@ def score_pool(
     adapter_activity: Mapping[str, float] = MappingProxyType({}),
     long_prompts: Mapping[str, int] = MappingProxyType({}),
     spilled: Set[str] = frozenset(),
-    batch_peaks: Mapping[str, BatchPeak] = MappingProxyType({}),
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
-    `memory`, `placement`, `adapter_activity`, `spilled` and `batch_peaks` are the
-    previous call's (empty at first); `draining` lists endpoints being shut down;
+    `memory`, `placement`, `adapter_activity` and `spilled` are the previous call's
+    (empty at first); `draining` lists endpoints being shut down;
     `long_prompts` the long prompts in flight per endpoint id. Pure: the same inputs give
     the same output.
     """
@@ -436,9 +410,7 @@ def score_pool(
         if pool.adapters
         else {}
     )
-    peaks = _batch_peaks(fresh, batch_peaks, settings) if pool.session_affinity else {}
-    ceilings = {key: peak.running for key, peak in peaks.items() if peak.full}
-    loaded = _spilling(pool, healthy, fresh, capacities, ceilings, spilled, settings)
+    loaded = _spilling(pool, healthy, fresh, capacities, spilled, settings)
     prefilling = {key for key in healthy if long_prompts.get(key, 0) > 0}
     # When every healthy pod would spill, the pool is full everywhere: moving keys would
     # only lose their prefixes.
@@ -490,7 +462,6 @@ def score_pool(
         placement=placed,
         adapter_activity=activity,
         spilled=frozenset(loaded),
-        batch_peaks=peaks,
     )
 
 
