@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.affinity import QueueSampler, key_figures
+from bench.lora_trace import AdapterSampler
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.peers import PEER_POLICIES, PEER_SESSION_HEADER, peer_versions, run_vllm_router
 from bench.reaction import measure_reaction
@@ -319,7 +320,13 @@ async def _run_policy(
             queues = QueueSampler(
                 fleet, decision=_pod_decisions(gateway, fleet) if policy == "project" else None
             )
-            async with queues.running() if scenario.trace.users else contextlib.nullcontext():
+            adapters = AdapterSampler(
+                fleet, placement=_pod_adapters(gateway, fleet) if policy == "project" else None
+            )
+            async with (
+                queues.running() if scenario.trace.users else contextlib.nullcontext(),
+                adapters.running() if scenario.adapters else contextlib.nullcontext(),
+            ):
                 result, fault_figures, sim_lag, end = await _replay_on_gateway(
                     gateway,
                     scenario,
@@ -348,6 +355,14 @@ async def _run_policy(
                 stem = trace_path.with_suffix("")
                 queues.save(stem.with_name(f"{stem.name}-{policy}-queues.json"), slack=slack)
                 result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
+            if scenario.adapters:
+                # Beside the trace: which adapter waited where (bench/lora_trace.py).
+                stem = trace_path.with_suffix("")
+                adapters.save(
+                    stem.with_name(f"{stem.name}-{policy}-adapters.json"),
+                    started_at_unix=result.started_at_unix,
+                )
+                result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
     return _policy_run(scenario, result, counters, end, sim_lag, extra_figures)
 
 
@@ -365,6 +380,20 @@ def _pod_decisions(
         return {names.get(e.port, e.id): (e.weight, e.ring_spill) for e in pool.endpoints}
 
     return decision
+
+
+def _pod_adapters(gateway: LocalGateway, fleet: Fleet) -> Callable[[], dict[str, tuple[str, ...]]]:
+    """A function giving the adapters each pod is advertised with in the server's current
+    decision, by pod name, for the LoRA sampler."""
+    names = {pod.port: pod.name for pod in fleet.pods}
+
+    def placement() -> dict[str, tuple[str, ...]]:
+        pool = gateway.app.controller.decision.pools.get(_POOL)
+        if pool is None:
+            return {}
+        return {names.get(e.port, e.id): e.adapters for e in pool.endpoints}
+
+    return placement
 
 
 async def _replay_on_gateway(
