@@ -26,8 +26,11 @@ def test_quick_hot_keys_keep_light_keys_home_and_report_the_spill(tmp_path: Path
     assert unloaded["keys"] > 0 and unloaded["weighted"] >= 0.8, unloaded
     scattered = rr["key_stickiness"]["light_all"]["weighted"]
     assert scattered < unloaded["weighted"] - 0.15, rr["key_stickiness"]
-    # The heaviest key is more than one pod's work: its pod queues, and the server takes
-    # that pod off the session table.
-    spill = project["spill_reaction_s"]
-    assert spill["episodes"] > 0 and spill["decision_median"] is not None, spill
+    # The heaviest key is more than one pod's work: the server takes its pod off the
+    # session table (at 80% of the batch limit, mostly before it queues: queue episodes
+    # here last 100-150 ms, less than a scrape interval, so the decision may come after
+    # one ends), and some of the key's requests go elsewhere meanwhile.
+    queues = json.loads((tmp_path / "traces" / "h-seed1-project-queues.json").read_text())
+    assert any(spill for _, pods in queues["decisions"] for _, spill in pods.values())
+    assert project["key_stickiness"]["heavy"]["user-heavy-0"] < 1.0, project["key_stickiness"]
     assert "| project |" in (tmp_path / "results.md").read_text()
