@@ -162,6 +162,10 @@ def _routing(
                     "batch_limit": min(pod.profile.max_num_seqs for pod in scenario.pods)
                     if project
                     else None,
+                    # And the adapters each holds at once (max_loras, 0 without LoRA).
+                    "adapter_slots": (min(pod.profile.max_loras for pod in scenario.pods) or None)
+                    if project and scenario.adapters
+                    else None,
                     "endpoints": [
                         {"address": host, "port": port, "weight": 1} for host, port in endpoints
                     ],

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from xds_server import controller as controller_module
 from xds_server.config import Band, RoutingConfig, parse_config
 from xds_server.controller import LOAD_DECISION_GAP_S, Controller, LoadSource
 from xds_server.envoy.names import band_clusters, long_prompt_clusters
@@ -362,8 +363,11 @@ async def test_decisions_due_to_load_come_at_most_every_50_ms() -> None:
 
 
 @pytest.mark.looptime
-async def test_an_internal_error_while_building_keeps_the_last_snapshot_and_goes_on(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("owner", "stage"), [(SnapshotBuilder, "build"), (controller_module, "decide")]
+)
+async def test_an_internal_error_while_deciding_or_building_keeps_the_last_snapshot_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch, owner: object, stage: str
 ) -> None:
     telemetry, cache = Telemetry(), SnapshotCache()
     controller = Controller(cache=cache, telemetry=telemetry)
@@ -376,7 +380,7 @@ async def test_an_internal_error_while_building_keeps_the_last_snapshot_and_goes
             raise RuntimeError("a bug")
 
         with monkeypatch.context() as patch:
-            patch.setattr(SnapshotBuilder, "build", broken)
+            patch.setattr(owner, stage, broken)
             controller.submit(config(2))
             await asyncio.sleep(1)
             assert controller.snapshot is good and "a bug" in (controller.last_error or "")

@@ -139,6 +139,10 @@ class PoolConfig(_Strict):
     # With session_affinity, a pod whose batch nears it passes its keys on until it has
     # room (README); unset, only queues move keys.
     batch_limit: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
+    # The most adapters one of the pool's engines holds at once (vLLM's --max-loras,
+    # SGLang's --max-loras-per-batch), which vLLM reports only once it has served a LoRA
+    # request: known, the adapters are placed before the first one (README).
+    adapter_slots: Annotated[int | None, Field(ge=1, le=10_000)] = None
     # Weights from live GPU metrics (least_request pools); False keeps the static weights
     # below, i.e. Envoy's least request on its own.
     gpu_aware: bool = True

@@ -232,6 +232,15 @@ class Controller:
                 await asyncio.sleep(delay)
             self._apply()
 
+    def _internal_error(self, doing: str, exc: Exception) -> None:
+        """A bug while `doing`: logged with its traceback and counted; the last snapshot
+        stays in force."""
+        logger.exception(
+            "Internal error while %s; keeping the last snapshot. Please report.", doing
+        )
+        self._telemetry.config_reloads.labels("error").inc()
+        self.last_error = f"internal error: {exc!r}"
+
     def _inputs(self, config: RoutingConfig) -> DecisionInputs:
         return DecisionInputs(
             config=config,
@@ -270,7 +279,11 @@ class Controller:
             return
         self._dirty_since = None
         self._settled.set()
-        decision, self._memory = decide(inputs, self._memory)
+        try:
+            decision, self._memory = decide(inputs, self._memory)
+        except Exception as exc:  # a bug: say so, keep serving the last snapshot, go on
+            self._internal_error("deciding", exc)
+            return
         self.decision = decision
         if self._built is not None and self._built == (config, decision):
             return
@@ -285,11 +298,7 @@ class Controller:
             self.last_error = str(exc)
             return
         except Exception as exc:  # a bug: say so, keep serving the last snapshot, go on
-            logger.exception(
-                "Internal error while building a snapshot; keeping the last one. Please report."
-            )
-            self._telemetry.config_reloads.labels("error").inc()
-            self.last_error = f"internal error: {exc!r}"
+            self._internal_error("building a snapshot", exc)
             return
         own = self._builder.for_envoys(config, decision, snapshot)
         self._built = (config, decision)

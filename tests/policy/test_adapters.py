@@ -44,11 +44,23 @@ def test_a_hot_adapter_takes_the_coldest_slot_of_a_pod_without_waiting_requests(
     # the coldest slot of the best-scoring pod (q's a4: 4 < 30); a4 had no other pod and
     # waits for a slot on p. p is then beyond its slots: a1 waits for the next decision.
     assert got == {"x": ("a0", "a1"), "p": ("a2", "a3", "a4"), "q": ("a0", "a5")}
-    calmer = {**pods, "p": pod("a2", "a3", load=20, score=0.9)}
-    # Next time, with q's replica of a0 running, a0 no longer queues everywhere; a1 does.
-    calmer["x"] = AdapterPod(**{**pods["x"].__dict__, "queued_adapters": frozenset({"a1"})})
-    again = place_adapters(ADAPTERS, calmer, {**got, "p": ("a2", "a3")})
-    assert again["p"] == ("a1", "a3") and "a2" in again["q"] + again["x"], again
+
+
+def test_no_replica_puts_a_second_adapter_beyond_a_pods_slots() -> None:
+    # As above: a0 got q's slot and a4 waits for one on p. Next time, with q's replica of
+    # a0 running, a0 no longer queues everywhere, a1 does; q would give up a5, which could
+    # only wait beyond p's slots as well, so a1 waits.
+    before = {"x": ("a0", "a1"), "p": ("a2", "a3", "a4"), "q": ("a0", "a5")}
+    pods = {
+        "x": AdapterPod(**{**CROWDED["x"].__dict__, "queued_adapters": frozenset({"a1"})}),
+        "p": pod("a2", "a3", load=20, score=0.9),
+        "q": pod("a0", "a5", load=8, score=1.0),
+    }
+    assert place_adapters(ADAPTERS, pods, before) == before
+    # With every pod within its slots, the same queue gets a1 its replica.
+    fitting = {**pods, "q": pod("a4", "a5", load=8, score=1.0)}
+    within = place_adapters(ADAPTERS, fitting, CROWDED_PLACEMENT)
+    assert sum("a1" in held for held in within.values()) == 2, within
 
 
 def test_an_adapter_waiting_for_a_slot_is_not_hot() -> None:
@@ -205,3 +217,22 @@ def test_a_restarted_server_places_adapters_where_the_pods_slots_hold_them() -> 
     # Without that history, a cold start spreads them afresh: a different placement.
     forgetful = {k: dataclasses.replace(v, recent_adapters=()) for k, v in pods.items()}
     assert place_adapters(adapters, forgetful, {}) != before
+
+
+def test_before_any_pod_ran_an_adapter_the_placement_does_not_hang_on_the_order_pods_came() -> None:
+    idle = pod(load=0)
+    together = place_adapters(ADAPTERS, {"p": idle, "q": idle, "r": idle}, {})
+    # The same pods, first seen one at a time (their first scrapes land in turn).
+    placement = place_adapters(ADAPTERS, {"q": idle}, {})
+    assert placement == {"q": ADAPTERS}
+    placement = place_adapters(ADAPTERS, {"q": idle, "r": idle}, placement)
+    placement = place_adapters(ADAPTERS, {"p": idle, "q": idle, "r": idle}, placement)
+    assert placement == together
+    assert sorted(together.values()) == [("a0", "a3"), ("a1", "a4"), ("a2", "a5")]
+    # The pods unchanged, the placement stays as it is (no reshuffle on every decision),
+    # and once a pod has run an adapter, a new pod does not reshuffle the others either.
+    kept = {"p": ("a0", "a1"), "q": ("a2", "a3"), "r": ("a4", "a5")}
+    assert place_adapters(ADAPTERS, {"p": idle, "q": idle, "r": idle}, kept) == kept
+    ran = dataclasses.replace(idle, recent_adapters=("a0",))
+    grown = place_adapters(ADAPTERS, {"p": ran, "q": idle, "r": idle, "s": idle}, kept)
+    assert {k: grown[k] for k in kept} == kept

@@ -199,6 +199,18 @@ def test_adapters_placed_at_a_cold_start_spread_over_the_pods_with_most_free_slo
     assert adapters_of({A: empty, B: empty}) == {A: ("a", "c"), B: ("b",)}
 
 
+def test_configured_adapter_slots_place_adapters_before_any_pod_reports_its_own() -> None:
+    # vLLM reports max_lora only once it has served a LoRA request.
+    unreported = signals(adapters=(), running_adapters=())
+    assert adapters_of({A: unreported, B: unreported}) == {A: (), B: ()}
+    pool = LORA_POOL.model_copy(update={"adapter_slots": 2})
+    scored = score_pool(pool, settings=SETTINGS, signals={A: unreported, B: unreported}, memory={})
+    assert sorted(e.adapters for e in scored.state.endpoints) == [("a", "c"), ("b",)]
+    # No pod scraped yet (the pool fails open): nothing to place on, nothing advertised.
+    blind = score_pool(pool, settings=SETTINGS, signals={}, memory={})
+    assert [e.adapters for e in blind.state.endpoints] == [(), ()]
+
+
 def test_a_waiting_adapter_beyond_the_slots_is_not_advertised() -> None:
     got = adapters_of(
         {
@@ -288,6 +300,12 @@ def test_an_adapter_running_somewhere_grows_active_and_one_running_nowhere_fades
         ).adapter_activity
     # a runs in A: up from 0; b only waits in B: down from 0.5; c runs nowhere: stays 0.
     assert 0 < activity["a"] < 1 and 0 < activity["b"] < 0.5 and activity["c"] == 0
+    # New pods that have run nothing: the activity seen on the old ones is forgotten.
+    fresh = {key: signals(max_adapters=2) for key in (A, B)}
+    forgotten = score_pool(
+        LORA_POOL, settings=SETTINGS, signals=fresh, memory={}, adapter_activity=activity
+    ).adapter_activity
+    assert forgotten == {"a": 0.0, "b": 0.0, "c": 0.0}
 
 
 def _spilled(pool_signals: dict[str, PodSignals], **kw: object) -> set[str]:

@@ -15,9 +15,10 @@ when one of them breaks, since every change costs an adapter load and a burst of
    (the pods are full, not short of a slot) and whose demand per advertiser is at least a
    pod's mean load (a burst on a warm adapter is not enough), gets one more pod: a free
    slot, else, of the pods without waiting requests and within their slots, the one
-   with the coldest adapter gives it up if it is colder. If nobody else has that one, it waits for a
-   slot on the least loaded other such pod (none: no replica this time). One hot replica
-   per pod and decision, so that two hot adapters do not meet on one pod.
+   with the coldest adapter gives it up if it is colder. If nobody else has that one, it
+   waits for a slot on the least loaded other such pod, unless some pod is beyond its
+   slots already (none: no replica this time). One hot replica per pod and decision, so
+   that two hot adapters do not meet on one pod.
 3. A replica nobody needs any more, an adapter on several pods none of which has requests
    waiting, whose demand per pod is below a quarter of a pod's mean load, is dropped
    from its most loaded pod. (2 and 3 need opposite conditions: no flapping.)
@@ -87,8 +88,9 @@ def place_adapters(
 ) -> dict[str, tuple[str, ...]]:
     """The adapters each pod in `pods` advertises, from the `previous` placement (pods
     without one, as after a restart, start from what they ran most recently up to their
-    slots, else from what they run, and what waits in them if it fits their slots);
-    `activity` (0 to 1, absent: 0) breaks ties in estimated demand."""
+    slots, else from what they run, and what waits in them if it fits their slots; from
+    nothing when the pods changed before any ran an adapter); `activity` (0 to 1, absent:
+    0) breaks ties in estimated demand."""
     return _Placement(adapters, pods, previous, activity).result()
 
 
@@ -104,6 +106,13 @@ class _Placement:
     ) -> None:
         self.pods = pods
         configured = set(adapters)
+        if set(previous) != set(pods) and not any(
+            pod.adapters or pod.recent_adapters for pod in pods.values()
+        ):
+            # No pod has run an adapter yet, and the pods changed: moving one costs
+            # nothing, so the placement starts afresh and depends on the pods alone, not
+            # on the order in which they were first seen.
+            previous = {}
         self.advertised: dict[str, set[str]] = {}
         for key, pod in pods.items():
             if key in previous:
@@ -226,6 +235,10 @@ class _Placement:
             home = None
             if self._holders(coldest) == [key]:
                 homes = [k for k in self.by_score if k != key and self._calm(k)]
+                if any(len(self.advertised[k]) > self.pods[k].slots for k in self.pods):
+                    # A pod beyond its slots already makes one adapter wait for a slot;
+                    # no replica is worth a second such wait.
+                    homes = [k for k in homes if len(self.advertised[k]) < self.pods[k].slots]
                 home = min(homes, key=self._load_per_slot, default=None)
                 if home is None:
                     continue

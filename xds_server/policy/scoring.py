@@ -406,7 +406,7 @@ def score_pool(
         else {}
     )
     placed = (
-        _place_adapters(pool.adapters, healthy, signals, scores, placement, activity, settings)
+        _place_adapters(pool, healthy, signals, scores, placement, activity, settings)
         if pool.adapters
         else {}
     )
@@ -472,11 +472,16 @@ def _adapter_activity(
     previous: Mapping[str, float],
 ) -> dict[str, float]:
     """Each adapter's activity (adapters.py): a step towards 1 if a healthy pod runs it
-    now, towards 0 if none does."""
+    now, towards 0 if none does; none while no healthy pod has run an adapter (what ran
+    before ran on other pods, and would steer the fresh placement, adapters.py)."""
     running: set[str] = set()
+    ran = False
     for key in healthy:
         if (s := signals.get(key)) is not None:
             running.update(s.running_adapters if s.running_adapters is not None else s.adapters)
+            ran = ran or bool(s.adapters or s.recent_adapters)
+    if not ran:
+        return dict.fromkeys(adapters, 0.0)
     return {
         adapter: (old := previous.get(adapter, 0.0))
         + _ACTIVITY_SMOOTHING * ((adapter in running) - old)
@@ -485,7 +490,7 @@ def _adapter_activity(
 
 
 def _place_adapters(
-    adapters: tuple[str, ...],
+    pool: PoolConfig,
     healthy: list[str],
     signals: Mapping[str, PodSignals],
     scores: Mapping[str, float],
@@ -496,16 +501,19 @@ def _place_adapters(
     """Adapter placement (adapters.py) over the healthy pods.
 
     vLLM reports its slots only once it has served a LoRA request: a pod that has not yet
-    is taken to have as many as the most any pod of the pool reports, so that adapters
-    spread at a cold start instead of piling onto the first pod to report. With no pod
-    reporting, pods keep their adapters as reported.
+    is taken to have the pool's `adapter_slots`, else as many as the most any pod of the
+    pool reports, so that adapters spread at a cold start instead of piling onto the first
+    pod to report. With neither, pods keep their adapters as reported. With
+    `adapter_slots`, the adapters are placed before the first LoRA request, so that where
+    they go does not hang on which pods those requests happened to reach.
     """
     reported = [s.max_adapters for k in healthy if (s := signals.get(k)) and s.max_adapters]
-    if not reported:
+    default_slots = pool.adapter_slots or max(reported, default=None)
+    if default_slots is None or not any(k in signals for k in healthy):
         return {}
     pods = {
         key: AdapterPod(
-            slots=s.max_adapters or max(reported),
+            slots=s.max_adapters or default_slots,
             load=s.running + s.waiting,
             waiting=s.waiting > settings.queue_slack,
             score=scores.get(key, 0.0),
@@ -520,4 +528,4 @@ def _place_adapters(
         if (s := signals.get(key)) is not None
         for running in [set(s.running_adapters if s.running_adapters is not None else s.adapters)]
     }
-    return place_adapters(adapters, pods, previous, activity)
+    return place_adapters(pool.adapters, pods, previous, activity)
