@@ -1,5 +1,5 @@
-"""Scenario h (hot keys): how sticky each session key stays, and how fast a heavy key
-leaves a pod that queues.
+"""Session keys: how sticky each key stays, how fast a heavy key leaves a pod that queues
+(scenario h, hot keys), and how evenly keys spread over the pods (prefix groups).
 
 Issue 17 asks, with session affinity on: the heavy keys' requests spill within one update
 interval of their pod queueing, and the keys of unloaded pods keep at least 95%
@@ -25,6 +25,10 @@ sticky, whatever the policy):
   for a policy that spills: with "most-used pod", a light key of a pod that spilled for
   most of the run has its spill target as its home, an unloaded pod, and counts as a
   key of an unloaded pod that moved.
+
+`group_homes` (scenarios with prefix groups, c and c96) is the same view of the prefix
+groups, whose requests carry their group as `prompt_cache_key`: how many groups, and
+requests, each pod is home to. It shows how evenly a policy spreads the keys it keeps.
 
 `spill_reaction_s` is measured on queueing episodes: a pod queues while the simulator's
 engine has more than `queue_slack` requests waiting (the server's own threshold,
@@ -73,6 +77,7 @@ __all__ = [
     "MIN_KEY_REQUESTS",
     "QueueEpisode",
     "QueueSampler",
+    "group_homes",
     "key_figures",
     "queue_episodes",
 ]
@@ -280,6 +285,38 @@ def key_figures(
         1 for e in episodes if e.start >= window_start and e not in queues
     )
     return {"key_stickiness": stickiness, "spill_reaction_s": spill}
+
+
+def group_homes(
+    trace: Trace, result: ReplayResult, *, pods: Collection[str], warmup_s: float = 0.0
+) -> dict[str, Any]:
+    """Where the prefix groups of `trace` (a shared system prompt and one session key
+    each) live on `pods`, over the requests of `result` scheduled after `warmup_s`: a
+    group's home is the pod that served most of its requests. `groups_per_pod` and
+    `requests_per_pod` are sorted from the busiest pod; `requests_max_over_mean` is the
+    busiest pod's requests over the mean pod's (1.0: an even spread); `off_home_requests`
+    were served away from their group's home (a prefix-cache miss unless that pod held
+    the prefix too)."""
+    per_group: dict[int, Counter[str]] = defaultdict(Counter)
+    for r in result.results:
+        group = trace.requests[r.index].prefix_group
+        if r.scheduled_at_s < warmup_s or group is None or r.status != _OK or not r.backend_id:
+            continue
+        per_group[group][r.backend_id] += 1
+    homes = Counter({pod: 0 for pod in pods})
+    homes.update(served.most_common(1)[0][0] for served in per_group.values())
+    requests = Counter({pod: 0 for pod in pods})
+    for served in per_group.values():
+        requests.update(served)
+    total = sum(requests.values())
+    return {
+        "groups_per_pod": sorted(homes.values(), reverse=True),
+        "requests_per_pod": sorted(requests.values(), reverse=True),
+        "requests_max_over_mean": max(requests.values()) * len(requests) / total if total else None,
+        "off_home_requests": sum(
+            sum(served.values()) - served.most_common(1)[0][1] for served in per_group.values()
+        ),
+    }
 
 
 def _calm_group(

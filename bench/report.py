@@ -219,6 +219,8 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             lines += ["", *_faults_table(policies)]
         if any("key_stickiness" in s for s in policies.values()):
             lines += ["", *_keys_table(policies)]
+        if any("group_homes" in s for s in policies.values()):
+            lines += ["", _group_homes_line(policies)]
         closures = []
         for key, label in (("ttft_p95_s", "P95"), ("ttft_p99_s", "P99")):
             value = gap_closure(policies, key)
@@ -252,6 +254,29 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             "**Warning:** the machine was saturated during at least one run; see results.json."
         )
     return "\n".join(lines) + "\n"
+
+
+def _group_homes_line(policies: Mapping[str, Mapping[str, Any]]) -> str:
+    """Where each policy kept the prefix groups (bench/affinity.py, `group_homes`)."""
+
+    def homes(figures: Mapping[str, Any]) -> str:
+        ratio = figures.get("requests_max_over_mean")
+        return (
+            f"{'/'.join(f'{g:g}' for g in figures.get('groups_per_pod', []))},"
+            f" {'–' if ratio is None else f'{ratio:.2f}'},"
+            f" {figures.get('off_home_requests', 0):g}"
+        )
+
+    return (
+        "Prefix groups per pod (busiest first; median over seeds), the busiest pod's"
+        " requests over the mean pod's, requests away from their group's pod: "
+        + "; ".join(
+            f"{p} {homes(policies[p]['group_homes'])}"
+            for p in ordered_policies(policies)
+            if "group_homes" in policies[p]
+        )
+        + "."
+    )
 
 
 def _overload_table(scenario: Mapping[str, Any]) -> list[str]:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.affinity import QueueSampler, key_figures
+from bench.affinity import QueueSampler, group_homes, key_figures
 from bench.lora_trace import AdapterSampler
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.peers import PEER_POLICIES, PEER_SESSION_HEADER, peer_versions, run_vllm_router
@@ -367,6 +367,10 @@ async def _run_policy(
                     started_at_unix=result.started_at_unix,
                 )
                 result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
+    if scenario.trace.prefix_groups is not None:
+        extra_figures["group_homes"] = group_homes(
+            trace, result, pods=[pod.name for pod in scenario.pods], warmup_s=scenario.warmup_s
+        )
     return _policy_run(scenario, result, counters, end, sim_lag, extra_figures)
 
 
@@ -805,20 +809,34 @@ _WORST_OVER_SEEDS = frozenset(
 )
 
 
-# Scenario h's figures: dicts of figures, merged leaf by leaf (`_merge_nested`).
-_NESTED_FIGURES = frozenset({"key_stickiness", "spill_reaction_s"})
+# Session-key figures (bench/affinity.py): dicts of figures, merged leaf by leaf
+# (`_merge_nested`).
+_NESTED_FIGURES = frozenset({"key_stickiness", "spill_reaction_s", "group_homes"})
 _COUNTS = frozenset(
-    {"episodes", "spilled", "unspilled", "idle", "undecided", "short_episodes", "keys", "requests"}
+    {
+        "episodes",
+        "spilled",
+        "unspilled",
+        "idle",
+        "undecided",
+        "short_episodes",
+        "keys",
+        "requests",
+        "off_home_requests",
+    }
 )
 
 
 def _merge_nested(values: Sequence[Any], key: str = "") -> Any:
-    """Dicts merged key by key; numbers to the worst seed's for `min` and `max` (and
-    `*_max`, `*_max_s`, `*_longest_s`), the sum for counts (`_COUNTS`), else the median;
-    anything else (a pod's name) the first seed's. None in a seed is left out."""
+    """Dicts merged key by key, lists of one length item by item; numbers to the worst
+    seed's for `min` and `max` (and `*_max`, `*_max_s`, `*_longest_s`), the sum for counts
+    (`_COUNTS`), else the median; anything else (a pod's name) the first seed's. None in
+    a seed is left out."""
     present = [v for v in values if v is not None]
     if not present:
         return None
+    if all(isinstance(v, list) for v in present) and len({len(v) for v in present}) == 1:
+        return [_merge_nested(column, key) for column in zip(*present, strict=True)]
     if all(isinstance(v, dict) for v in present):
         keys = sorted({k for v in present for k in v})
         return {k: _merge_nested([v.get(k) for v in present], k) for k in keys}
@@ -838,7 +856,7 @@ def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:
 
     Fault counts are summed, the fault times are the worst seed's (None if a seed never
     reconnected), and the types re-versioned on restart are the union over seeds; scenario
-    h's nested figures are merged by `_merge_nested`.
+    the session-key figures are merged by `_merge_nested`.
     """
     if len(runs) == 1:
         return {**runs[0].summary, "run": runs[0].notes}

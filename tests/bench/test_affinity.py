@@ -1,10 +1,10 @@
-"""Scenario h's figures from scripted replays (pure: no sockets, no simulator)."""
+"""The session-key figures from scripted replays (pure: no sockets, no simulator)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.affinity import QueueEpisode, key_figures, queue_episodes
+from bench.affinity import QueueEpisode, group_homes, key_figures, queue_episodes
 from bench.runner import _merge_nested
 from bench.scenarios import build_scenario
 from llm_sim.loadgen import (
@@ -21,8 +21,9 @@ from llm_sim.profiles import nominal_capacity
 START = 1000.0
 
 
-def trace_of(users: list[str | None]) -> Trace:
+def trace_of(users: list[str | None], groups: list[int | None] | None = None) -> Trace:
     spec = TraceSpec(duration_s=len(users) + 1, rate_per_s=1)
+    groups = groups if groups is not None else [None] * len(users)
     return Trace(
         spec=spec,
         seed=0,
@@ -39,10 +40,10 @@ def trace_of(users: list[str | None]) -> Trace:
                 band="standard",
                 session=None,
                 turn=0,
-                prefix_group=None,
+                prefix_group=group,
                 user=user,
             )
-            for i, user in enumerate(users)
+            for i, (user, group) in enumerate(zip(users, groups, strict=True))
         ),
     )
 
@@ -166,6 +167,31 @@ def test_seeds_merge_to_the_worst_extremes_the_summed_counts_and_the_median() ->
         "max": 0.5,
         "home": "p0",
     }
+
+
+def test_group_homes_count_each_pods_groups_and_the_requests_off_home() -> None:
+    """Group 0 lives on p0 (one request of it strayed to p1), group 1 on p0, group 2 on
+    p1; p2 is home to none and served nothing. The first request is in the warm-up."""
+    groups: list[int | None] = [2, 0, 0, 0, 1, 1, 2, None]
+    pods = ["p1", "p0", "p1", "p0", "p0", "p0", "p1", "p2"]
+    sent = [(float(i), pod) for i, pod in enumerate(pods)]
+    figures = group_homes(
+        trace_of([None] * len(groups), groups),
+        replay_of(sent),
+        pods=["p0", "p1", "p2"],
+        warmup_s=0.5,
+    )
+    assert figures == {
+        "groups_per_pod": [2, 1, 0],
+        "requests_per_pod": [4, 2, 0],
+        "requests_max_over_mean": pytest.approx(2.0),
+        "off_home_requests": 1,
+    }
+
+
+def test_seeds_merge_lists_item_by_item() -> None:
+    seeds = [{"groups_per_pod": [10, 6, 6, 10]}, {"groups_per_pod": [11, 9, 7, 5]}, None]
+    assert _merge_nested(seeds) == {"groups_per_pod": [10.5, 7.5, 6.5, 7.5]}
 
 
 def test_hot_keys_heaviest_user_alone_exceeds_one_pod() -> None:

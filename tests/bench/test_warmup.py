@@ -29,4 +29,15 @@ def test_scenario_c_runs_three_times_as_long_and_counts_from_the_end_of_its_warm
     # Hashing on the group's key keeps each prefix where it is cached; round robin does not.
     hit = {name: s["prefix_cache_hit_rate"] for name, s in policies.items()}
     assert hit["project"] > 1.2 * hit["round_robin"], hit
-    assert "Requests arriving after 3 s of warm-up" in (tmp_path / "results.md").read_text()
+    # Where the groups live: every pod counted, every measured group has one home.
+    groups = {r.prefix_group for r in trace.requests if r.at_s >= scenario.warmup_s}
+    for name, summary in policies.items():
+        homes = summary["group_homes"]
+        assert len(homes["groups_per_pod"]) == len(scenario.pods), name
+        assert sum(homes["groups_per_pod"]) == len(groups), name
+        assert sum(homes["requests_per_pod"]) == summary["status_counts"]["200"], name
+    off_home = {name: s["group_homes"]["off_home_requests"] for name, s in policies.items()}
+    assert off_home["project"] < off_home["round_robin"], off_home
+    report = (tmp_path / "results.md").read_text()
+    assert "Requests arriving after 3 s of warm-up" in report
+    assert "Prefix groups per pod" in report
