@@ -63,6 +63,26 @@ def test_no_replica_puts_a_second_adapter_beyond_a_pods_slots() -> None:
     assert sum("a1" in held for held in within.values()) == 2, within
 
 
+def test_pods_of_nearly_equal_load_give_up_the_same_adapter_whichever_is_lighter() -> None:
+    """Which pod gives up its coldest adapter to a hot one is decided on demands 25% apart
+    or more; nearer than that, by the adapters' names. Decided on the exact figures, two
+    runs of one trace (or two replicas scraping a moment apart) went different ways."""
+
+    def placed(p_load: float, q_load: float) -> dict[str, tuple[str, ...]]:
+        pods = {
+            "x": pod("a0", "a1", load=60, waiting=True, score=0.2),
+            "p": pod("a2", "a3", load=p_load, score=0.9),
+            "q": pod("a4", "a5", load=q_load, score=1.0),
+        }
+        return place_adapters(ADAPTERS, pods, CROWDED_PLACEMENT)
+
+    near = {"x": ("a0", "a1"), "p": ("a0", "a3"), "q": ("a2", "a4", "a5")}
+    assert placed(10, 10.5) == near
+    assert placed(10.5, 10) == near
+    # Far apart, the colder pod's adapter goes: q's a4 (demand 2.5 against p's 5).
+    assert placed(10, 5) == {"x": ("a0", "a1"), "p": ("a2", "a3", "a4"), "q": ("a0", "a5")}
+
+
 def test_an_adapter_waiting_for_a_slot_is_not_hot() -> None:
     blocked = AdapterPod(
         slots=2,
