@@ -384,6 +384,28 @@ def test_a_full_pod_whose_cache_serves_half_its_prompts_keeps_its_keys() -> None
     assert cached.spilled == frozenset()
 
 
+def test_a_prefill_backlog_moves_cached_keys_only_once_longer_than_their_misses() -> None:
+    """A queue beside a batch with room clears in a few engine steps; moving keys whose
+    prefixes are cached makes each moved request prefill them again, elsewhere: at a hit
+    rate of 0.8, four times what the request prefills at home."""
+    calm = signals(running=8)
+    cached_backlog = {A: signals(running=8, waiting=2, prefix_hit_rate=0.8), B: calm}
+    assert _session_step(cached_backlog).spilled == frozenset()
+    longer = {A: signals(running=8, waiting=6, prefix_hit_rate=0.8), B: calm}
+    assert _session_step(longer).spilled == {A}  # 6 > 1 (slack) + 4 (0.8 / 0.2)
+    uncached = {A: signals(running=8, waiting=2, prefix_hit_rate=0.3), B: calm}
+    assert _session_step(uncached).spilled == {A}
+    # Behind a batch at 60% of the limit or more, a queue waits for decodes to finish.
+    behind_batch = {A: signals(running=29, waiting=2, prefix_hit_rate=0.8), B: calm}
+    assert _session_step(behind_batch).spilled == {A}
+    # Even a prefix that is always cached moves once 19 requests queue behind it.
+    runaway = {A: signals(running=8, waiting=21, prefix_hit_rate=1.0), B: calm}
+    assert _session_step(runaway).spilled == {A}
+    # Without the pool's batch limit, a backlog cannot be told from a full batch: any
+    # queue beyond the slack moves keys, as before.
+    assert _spilled(cached_backlog) == {A}
+
+
 def test_a_full_batch_spills_only_among_calm_pods() -> None:
     """A full batch while the other pods queue too is a surge, which moves no key."""
     surge = {A: signals(running=48, waiting=1), B: signals(running=30, waiting=2)}
