@@ -314,8 +314,9 @@ def _spilling(
     once warm: a backlog of 2 beside 3-8 running requests of 48 spilled a pod's keys, and
     the first moved requests missed and waited 0.45-0.57 s for their first token (the P99
     is the 3rd slowest request: 0.23 and 0.42 s in two runs of seed 1, 0.17 without such a
-    spill). On scenario h, the heavy keys' pods spilled at hit rates 0.27-0.43, with 16
-    and 36 running: a full batch spills on any queue, as before.
+    spill). On scenario h the heavy keys' pods spilled at hit rates 0.27-0.43, beside 16
+    and 36 running, and over 3 seeds no spill was held back; a queue behind a fuller
+    batch waits for decodes to finish, and spills as before.
 
     A pod that spills keeps spilling while its batch is at `SPILL_RELEASE` of the limit or
     more: released at its first short queue, a full pod took its keys back with no free
