@@ -855,8 +855,8 @@ def _merge_seeds(runs: Sequence[PolicyRun]) -> dict[str, Any]:
     """The median over seeds of every numeric figure, with per-seed values under `per_seed`.
 
     Fault counts are summed, the fault times are the worst seed's (None if a seed never
-    reconnected), and the types re-versioned on restart are the union over seeds; scenario
-    the session-key figures are merged by `_merge_nested`.
+    reconnected), and the types re-versioned on restart are the union over seeds; the
+    session-key figures are merged by `_merge_nested`.
     """
     if len(runs) == 1:
         return {**runs[0].summary, "run": runs[0].notes}

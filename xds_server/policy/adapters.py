@@ -16,10 +16,10 @@ when one of them breaks, since every change costs an adapter load and a burst of
    pod's mean load (a burst on a warm adapter is not enough), gets one more pod: a free
    slot, else, of the pods without waiting requests and within their slots, the one
    with the coldest adapter (of near-equal ones, the first by name) gives it up if it is
-   colder. If nobody else has that one, it
-   waits for a slot on the least loaded other such pod, unless some pod is beyond its
-   slots already (none: no replica this time). One hot replica per pod and decision, so
-   that two hot adapters do not meet on one pod.
+   colder. If nobody else has that one, it waits for a slot on the least loaded other
+   such pod, unless some pod is beyond its slots already (none: no replica this time).
+   One hot replica per pod and decision, so that two hot adapters do not meet on one
+   pod.
 3. A replica nobody needs any more, an adapter on several pods none of which has requests
    waiting, whose demand per pod is below a quarter of a pod's mean load, is dropped
    from its most loaded pod. (2 and 3 need opposite conditions: no flapping.)
