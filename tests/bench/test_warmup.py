@@ -26,9 +26,12 @@ def test_scenario_c_runs_three_times_as_long_and_counts_from_the_end_of_its_warm
         whole = summary["whole_run"]
         # Every group's first request misses, so the warm-up lowers the whole run's rate.
         assert whole["prefix_cache_hit_rate"] < summary["prefix_cache_hit_rate"], name
-    # Hashing on the group's key keeps each prefix where it is cached; round robin does not.
+    # Hashing on the group's key keeps each prefix where it is cached; round robin does
+    # not. In 6 s after the warm-up many groups still meet a pod for the first time under
+    # either policy, so the hit rates sit closer than in a full run (1.19-1.25x here, 1.22x
+    # in c's full runs); where the requests went says it more sharply (below).
     hit = {name: s["prefix_cache_hit_rate"] for name, s in policies.items()}
-    assert hit["project"] > 1.2 * hit["round_robin"], hit
+    assert hit["project"] > 1.1 * hit["round_robin"], hit
     # Where the groups live: every pod counted, every measured group has one home.
     groups = {r.prefix_group for r in trace.requests if r.at_s >= scenario.warmup_s}
     for name, summary in policies.items():
@@ -36,8 +39,13 @@ def test_scenario_c_runs_three_times_as_long_and_counts_from_the_end_of_its_warm
         assert len(homes["groups_per_pod"]) == len(scenario.pods), name
         assert sum(homes["groups_per_pod"]) == len(groups), name
         assert sum(homes["requests_per_pod"]) == summary["status_counts"]["200"], name
-    off_home = {name: s["group_homes"]["off_home_requests"] for name, s in policies.items()}
-    assert off_home["project"] < off_home["round_robin"], off_home
+    off_home = {
+        name: s["group_homes"]["off_home_requests"] / s["status_counts"]["200"]
+        for name, s in policies.items()
+    }
+    # Round robin sends about half of them away from their group's most used pod here;
+    # the project 10-20% (spills while the pods' caches are still cold).
+    assert off_home["project"] < off_home["round_robin"] / 2, off_home
     report = (tmp_path / "results.md").read_text()
     assert "Requests arriving after 3 s of warm-up" in report
     assert "Prefix groups per pod" in report
