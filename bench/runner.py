@@ -441,9 +441,7 @@ async def _replay_on_gateway(
             timeout_s=scenario.drain_s,
             max_in_flight=5000,
         )
-        # A fault step that hangs fails the run rather than stalling it (seen once, cause
-        # not found: see bench/results/g/NOTES.md).
-        fault_figures = await asyncio.wait_for(faults, _FAULTS_AFTER_REPLAY_S) if faults else {}
+        fault_figures = await _fault_figures(faults) if faults else {}
     sim_lag = _simulator_lag(fleet)
     # Retire the pods before they stop, as a drained deployment would.
     gateway.app.submit_config(
@@ -582,6 +580,36 @@ def _policy_run(
         "saturated": saturated,
     }
     return PolicyRun(summary=summary, ttfts=ttfts, saturated=saturated, notes=notes)
+
+
+async def _fault_figures(faults: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
+    """The fault schedule's figures once it is done. A step that hangs fails the run, naming
+    where it waits, rather than stalling it (see bench/results/g/NOTES.md)."""
+    try:
+        return await asyncio.wait_for(asyncio.shield(faults), _FAULTS_AFTER_REPLAY_S)
+    except TimeoutError:
+        raise RuntimeError(
+            f"The fault schedule was not done {_FAULTS_AFTER_REPLAY_S:.0f} s after the replay; "
+            f"it waits at: {' <- '.join(reversed(_awaiting(faults)))}"
+        ) from None
+
+
+def _awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where `task` is suspended, outermost coroutine first (file:line in function)."""
+    places = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        if isinstance(awaited, asyncio.Task):
+            awaited = awaited.get_coro()
+        frame = getattr(awaited, "cr_frame", None)
+        if frame is None:
+            places.append(type(awaited).__name__)
+            break
+        places.append(
+            f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} in {frame.f_code.co_name}"
+        )
+        awaited = awaited.cr_await
+    return places
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:

@@ -390,3 +390,20 @@ async def test_an_internal_error_while_deciding_or_building_keeps_the_last_snaps
         assert controller.snapshot is not good and not task.done()
     finally:
         task.cancel()
+
+
+async def test_cancelled_as_it_is_woken_the_controller_stops() -> None:
+    """Python 3.11's `asyncio.wait_for` returns the result, swallowing the cancellation,
+    when its awaitable completes in the same loop pass as the cancel: a controller woken as
+    the server stops then ran on, and the server's shutdown waited for it forever."""
+    telemetry, cache = Telemetry(), SnapshotCache()
+    pods = {"10.0.0.1:8000": PodSignals(silent_s=0, waiting=0, running=2)}
+    controller = Controller(cache=cache, telemetry=telemetry, signals=lambda now: pods)
+    task = asyncio.create_task(controller.run())
+    controller.submit(parse_config(WARM))
+    assert await asyncio.wait_for(controller.settled(), 10) is not None
+    # Waiting for the next scrape interval, with a timeout: woken and cancelled at once.
+    controller.metrics_changed()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)

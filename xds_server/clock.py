@@ -2,7 +2,7 @@
 
 Every component that reads the time takes a `Clock` (keyword `clock`), so a test can pass a
 fake one. The default is the running event loop's clock, the same clock `asyncio.sleep`
-and `asyncio.wait_for` wait on: a component that both reads the time and sleeps stays
+and `asyncio.timeout` wait on: a component that both reads the time and sleeps stays
 consistent with itself, and a test that fast-forwards the loop's time (looptime) moves both.
 """
 

@@ -220,8 +220,11 @@ class Controller:
     async def run(self) -> None:
         """Apply changes until cancelled."""
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancel that
+            # comes in the pass that wakes it, and the server's shutdown then waits forever.
             try:
-                await asyncio.wait_for(self._wake.wait(), self._redecide_interval())
+                async with asyncio.timeout(self._redecide_interval()):
+                    await self._wake.wait()
             except TimeoutError:
                 self.metrics_changed()
             self._wake.clear()

@@ -94,7 +94,8 @@ async def parse_in_child(
     except OSError as exc:
         raise ConfigError(f"{source}: cannot start the config parser: {exc}") from exc
     try:
-        out, err = await asyncio.wait_for(child.communicate(data), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            out, err = await child.communicate(data)
     except TimeoutError:
         raise ConfigError(f"{source}: refused: parsing took longer than {timeout_s:g} s") from None
     finally:

@@ -238,7 +238,8 @@ class ResourceWatcher:
         """Return once the first list has succeeded (or, with `or_absent`, once the kind
         is known not to be served); raises `TimeoutError` after `timeout_s`."""
         event = self._settled if or_absent else self._synced
-        await asyncio.wait_for(event.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
 
     # -- the loop ----------------------------------------------------------------------------
 
