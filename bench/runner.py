@@ -298,6 +298,7 @@ async def _run_policy(
     workdir: Path,
 ) -> PolicyRun:
     first_at_s = trace.requests[0].at_s if trace.requests else 0.0
+    stem = trace_path.with_suffix("")
     extra_figures: dict[str, Any] = {}
     async with _targets(scenario, policy, seed=seed, stream_interval=options.stream_interval) as (
         fleet,
@@ -355,18 +356,16 @@ async def _run_policy(
                         warmup_s=scenario.warmup_s,
                     )
                 )
-                # Beside the trace, to see after a run why a figure is what it is.
-                stem = trace_path.with_suffix("")
                 queues.save(stem.with_name(f"{stem.name}-{policy}-queues.json"), slack=slack)
-                result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
             if scenario.adapters:
-                # Beside the trace: which adapter waited where (bench/lora_trace.py).
-                stem = trace_path.with_suffix("")
+                # Which adapter waited where (bench/lora_trace.py).
                 adapters.save(
                     stem.with_name(f"{stem.name}-{policy}-adapters.json"),
                     started_at_unix=result.started_at_unix,
                 )
-                result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
+        # Every request's pod and times, beside the trace, to see after a run why a figure
+        # is what it is.
+        result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
     if scenario.trace.prefix_groups is not None:
         extra_figures["group_homes"] = group_homes(
             trace, result, pods=[pod.name for pod in scenario.pods], warmup_s=scenario.warmup_s

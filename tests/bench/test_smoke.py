@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bench.__main__ import main
 from bench.runner import POLICIES
+from llm_sim.loadgen import ReplayResult
 
 
 def test_quick_benchmark_runs_every_policy_and_tells_them_apart(tmp_path: Path) -> None:
@@ -40,4 +41,8 @@ def test_quick_benchmark_runs_every_policy_and_tells_them_apart(tmp_path: Path) 
     assert policies["oracle"]["ttft_p99_s"] < policies["round_robin"]["ttft_p99_s"]
 
     assert "| round_robin |" in (tmp_path / "results.md").read_text()
+    # Every request's pod and times, per policy, beside the trace.
+    for name in POLICIES:
+        saved = ReplayResult.load(tmp_path / "traces" / f"a-seed1-{name}-results.json")
+        assert len(saved.results) == requests[name], name
     assert (tmp_path / "ttft_cdf_a.png").stat().st_size > 10_000
