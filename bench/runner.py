@@ -588,7 +588,7 @@ async def _fault_figures(faults: asyncio.Task[dict[str, Any]]) -> dict[str, Any]
         return await asyncio.wait_for(asyncio.shield(faults), _FAULTS_AFTER_REPLAY_S)
     except TimeoutError:
         raise RuntimeError(
-            f"The fault schedule was not done {_FAULTS_AFTER_REPLAY_S:.0f} s after the replay; "
+            f"The fault schedule was not done {_FAULTS_AFTER_REPLAY_S:g} s after the replay; "
             f"it waits at: {' <- '.join(reversed(_awaiting(faults)))}"
         ) from None
 

@@ -3,9 +3,13 @@ restarted control plane through a real Envoy, with every figure the issue asks f
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
+from bench import runner
 from bench.__main__ import main
 
 FAULT_KEYS = (
@@ -38,3 +42,25 @@ def test_quick_faults_run_reports_every_figure_and_the_project_loses_nothing(
     # old server's last scrape and the new one's first, so EDS alone may differ.
     assert set(project["versions_changed_on_restart"]) <= {"eds"}
     assert "| project |" in (tmp_path / "results.md").read_text()
+
+
+async def test_a_fault_schedule_that_hangs_fails_the_run_naming_where_it_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "_FAULTS_AFTER_REPLAY_S", 0.05)
+    never = asyncio.Event()
+
+    async def restart_control_plane() -> dict[str, float]:
+        await never.wait()
+        return {}
+
+    async def inject_faults() -> dict[str, float]:
+        return await restart_control_plane()
+
+    schedule = asyncio.create_task(inject_faults())
+    with pytest.raises(RuntimeError, match="not done") as failure:
+        await runner._fault_figures(schedule)
+    where = str(failure.value)
+    assert "in restart_control_plane <- " in where and where.endswith("in inject_faults"), where
+    assert not schedule.done()  # the runner's exit stack cancels it, as for a finished replay
+    schedule.cancel()
