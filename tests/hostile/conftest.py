@@ -109,6 +109,13 @@ class Target:
         probers = [Prober(self.server.admin_url), Prober(self.reference.admin_url)]
         tasks = [asyncio.create_task(p.run()) for p in probers]
         try:
+            # The attack starts once both probers answer: their own start (a Python process
+            # each, on a shared core) is not the server's delay.
+            async with asyncio.timeout(30):
+                while not all(p.latencies for p in probers):  # noqa: ASYNC110 (other processes)
+                    await asyncio.sleep(0.01)
+            for prober in probers:
+                prober.latencies.clear()
             yield probers[0]
         finally:
             for task in tasks:

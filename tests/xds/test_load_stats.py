@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
 from google.protobuf import duration_pb2
 
 from xds_server.telemetry import Telemetry
-from xds_server.xds.load_reports import LoadReports, Rates
+from xds_server.xds.load_reports import SPARE_REPORT_CLUSTERS, LoadReports, Rates
 from xds_server.xds.load_stats import LoadStatsServer
 
 
@@ -182,9 +183,7 @@ def test_requests_in_flight_per_endpoint_are_summed_and_their_changes_told() -> 
     reports.report(2, [_by_endpoint("p/long", ("10.0.0.1", 8000, 2)), _by_endpoint("p")])
     assert reports.in_progress_by_endpoint("p/long") == {"10.0.0.1:8000": 3}
     assert reports.in_progress_by_endpoint("p/long", group="elsewhere") == {}
-    assert reports.in_progress_by_endpoint("p/long", excluding={"envoy-2"}) == {
-        "10.0.0.1:8000": 1
-    }
+    assert reports.in_progress_by_endpoint("p/long", excluding={"envoy-2"}) == {"10.0.0.1:8000": 1}
     assert reports.in_progress_by_endpoint("p") == {}
     # An endpoint with none in flight is not a change; a new report with the same counts
     # is not one either.
@@ -201,3 +200,35 @@ def test_requests_in_flight_per_endpoint_are_summed_and_their_changes_told() -> 
     reports.report(1, [_by_endpoint("p/long")])
     assert changes[-1] == {"p/long"} and len(changes) == 5
     assert reports.in_progress_by_endpoint("p/long") == {}
+
+
+def test_clusters_the_server_never_pushed_are_dropped_and_a_report_naming_too_many_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    telemetry = Telemetry()
+    reports = LoadReports(telemetry, known_clusters=lambda: frozenset({"p", "p/long"}))
+    reports.open(1, base_pb2.Node(id="envoy-1", cluster="gateway"))
+    reports.report(1, [_by_endpoint("p/long", ("10.0.0.1", 8000, 2)), _by_endpoint("made-up")])
+    assert reports.in_progress_by_endpoint("p/long") == {"10.0.0.1:8000": 2}
+    assert reports.clusters() == {"p/long"}
+
+    def sample(name: str) -> float | None:
+        return telemetry.registry.get_sample_value(name)
+
+    assert sample("xds_lrs_unknown_clusters_total") == 1
+    # As many made-up names as the server pushed plus the spare: dropped one by one.
+    honest_at_most = 2 + SPARE_REPORT_CLUSTERS
+    made_up = [_by_endpoint(f"made-up-{i}") for i in range(honest_at_most)]
+    reports.report(1, made_up)
+    assert sample("xds_lrs_unknown_clusters_total") == 1 + honest_at_most
+    # One more: refused whole, even its known cluster; the last good figures stand.
+    with caplog.at_level(logging.DEBUG, logger="xds_server.xds.load_reports"):
+        for _ in range(3):
+            reports.report(1, [*made_up, _by_endpoint("p/long", ("10.0.0.1", 8000, 9))])
+    assert reports.in_progress_by_endpoint("p/long") == {"10.0.0.1:8000": 2}
+    assert sample("xds_lrs_refused_reports_total") == 3
+    assert sample("xds_lrs_unknown_clusters_total") == 1 + honest_at_most
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert "names 1003 clusters" in caplog.records[0].getMessage()
+    [node] = reports.to_json()
+    assert (node["reports"], node["refused_reports"]) == (2, 3)

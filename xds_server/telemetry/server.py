@@ -103,6 +103,12 @@ class Telemetry:
             "Clusters named in load reports that this server never pushed (dropped).",
             registry=r,
         )
+        self.lrs_refused_reports = Counter(
+            "xds_lrs_refused_reports",
+            "Load reports refused whole: they named more clusters than the server pushed"
+            " plus 1,000.",
+            registry=r,
+        )
         self.als_dropped_entries = Counter(
             "xds_als_dropped_entries",
             "Access log entries dropped: an unknown cluster, or a stream over its bound.",

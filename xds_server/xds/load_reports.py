@@ -20,7 +20,11 @@ known per endpoint ("address:port").
 One entry per open LRS stream (an Envoy, one stream each: a newer stream of the same node
 replaces the older); it is forgotten when the stream closes, so sums are over the Envoys
 connected now. Only clusters the server pushed (`known_clusters`) are kept: a report
-naming others has them dropped and counted, so the state stays as small as the config.
+naming others has them dropped and counted, so the state stays as small as the config. A
+report naming more clusters than that, plus room for the Envoy's own
+(`SPARE_REPORT_CLUSTERS`), cannot be an honest one and is refused whole, before any of its
+entries is looked at: a flood of made-up names costs its parse, not a Python object per name
+(and the garbage collections those bring, which hold the event loop).
 This is what flow control needs to see every band's requests in flight across all Envoys,
 and the policy to see which pods are busy with long prompts: a subscriber (`subscribe`)
 hears of every cluster whose requests in flight per endpoint changed.
@@ -28,8 +32,9 @@ hears of every cluster whose requests in flight per endpoint changed.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from envoy.config.core.v3 import base_pb2
@@ -40,7 +45,13 @@ from xds_server.telemetry import Telemetry
 from xds_server.telemetry.load_reports import InProgressCollector
 from xds_server.xds.cache import NodeHash, by_node_cluster
 
-__all__ = ["ClusterLoad", "LoadReports", "NodeLoad", "Rates"]
+__all__ = ["SPARE_REPORT_CLUSTERS", "ClusterLoad", "LoadReports", "NodeLoad", "Rates"]
+
+logger = logging.getLogger(__name__)
+
+# Clusters an Envoy may report beyond those the server pushed: its bootstrap's own (the xDS
+# cluster, an admin or tracing cluster), with room to spare.
+SPARE_REPORT_CLUSTERS = 1000
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,8 @@ class NodeLoad:
     group: str
     clusters: dict[str, ClusterLoad] = field(default_factory=dict)
     reports: int = 0
+    # Reports refused whole: they named more clusters than an honest Envoy could.
+    refused_reports: int = 0
 
 
 class LoadReports:
@@ -159,7 +172,7 @@ class LoadReports:
         self._telemetry.lrs_streams.inc()
         return entry
 
-    def report(self, stream_id: int, clusters: list[load_report_pb2.ClusterStats]) -> None:
+    def report(self, stream_id: int, clusters: Sequence[load_report_pb2.ClusterStats]) -> None:
         """Record one report of stream `stream_id`; clusters absent from it keep their last."""
         entry = self._nodes.get(stream_id)
         if entry is None:
@@ -168,10 +181,13 @@ class LoadReports:
         changed = set()
         known = self._known_clusters() if self._known_clusters is not None else None
         if known is not None:
-            unknown = sum(1 for stats in clusters if stats.cluster_name not in known)
-            if unknown:
-                self._telemetry.lrs_unknown_clusters.inc(unknown)
-                clusters = [stats for stats in clusters if stats.cluster_name in known]
+            if len(clusters) > len(known) + SPARE_REPORT_CLUSTERS:
+                self._refuse(entry, len(clusters), len(known))
+                return
+            kept = [stats for stats in clusters if stats.cluster_name in known]
+            if len(kept) < len(clusters):
+                self._telemetry.lrs_unknown_clusters.inc(len(clusters) - len(kept))
+            clusters = kept
             for name in [n for n in self._totals if n not in known]:
                 del self._totals[name]
         for stats in clusters:
@@ -187,6 +203,17 @@ class LoadReports:
         entry.reports += 1
         self._telemetry.lrs_reports.inc()
         self._changed(changed)
+
+    def _refuse(self, entry: NodeLoad, named: int, known: int) -> None:
+        entry.refused_reports += 1
+        self._telemetry.lrs_refused_reports.inc()
+        # Once per stream at warning level: a flood must not become a flood of log lines.
+        log = logger.warning if entry.refused_reports == 1 else logger.debug
+        log(
+            "Refused a load report of node %r (LRS stream %d): it names %d clusters, more than"
+            " the %d the server pushed plus %d; the node's last good report stands.",
+            entry.node_id, entry.stream_id, named, known, SPARE_REPORT_CLUSTERS,
+        )  # fmt: skip
 
     def close(self, stream_id: int) -> None:
         """Forget the Envoy of stream `stream_id` (its stream closed)."""
@@ -257,6 +284,7 @@ class LoadReports:
                 "node_id": e.node_id,
                 "group": e.group,
                 "reports": e.reports,
+                "refused_reports": e.refused_reports,
                 "clusters": {
                     name: {
                         "in_progress": load.in_progress,

@@ -60,7 +60,7 @@ class LoadStatsStream:
                 request.node.id, request.node.cluster, self.stream_id, self._interval_s,
             )  # fmt: skip
             if request.cluster_stats:
-                self._reports.report(self.stream_id, list(request.cluster_stats))
+                self._reports.report(self.stream_id, request.cluster_stats)
             return [
                 lrs_pb2.LoadStatsResponse(
                     send_all_clusters=True,
@@ -68,7 +68,7 @@ class LoadStatsStream:
                     report_endpoint_granularity=True,
                 )
             ]
-        self._reports.report(self.stream_id, list(request.cluster_stats))
+        self._reports.report(self.stream_id, request.cluster_stats)
         logger.debug(
             "Load report from node %r on LRS stream %d: %d clusters.",
             self.node.node_id, self.stream_id, len(request.cluster_stats),
