@@ -45,7 +45,7 @@ from xds_server.telemetry import Telemetry
 from xds_server.telemetry.load_reports import InProgressCollector
 from xds_server.xds.cache import NodeHash, by_node_cluster
 
-__all__ = ["SPARE_REPORT_CLUSTERS", "ClusterLoad", "LoadReports", "NodeLoad", "Rates"]
+__all__ = ["ClusterLoad", "LoadReports", "NodeLoad", "Rates", "SPARE_REPORT_CLUSTERS"]
 
 logger = logging.getLogger(__name__)
 
