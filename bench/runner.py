@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.affinity import QueueSampler, group_homes, key_figures
+from bench.collector import CollectorPauses, collector_frozen
 from bench.lora_trace import AdapterSampler
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.peers import PEER_POLICIES, PEER_SESSION_HEADER, peer_versions, run_vllm_router
@@ -300,77 +301,83 @@ async def _run_policy(
     first_at_s = trace.requests[0].at_s if trace.requests else 0.0
     stem = trace_path.with_suffix("")
     extra_figures: dict[str, Any] = {}
-    async with _targets(scenario, policy, seed=seed, stream_interval=options.stream_interval) as (
-        fleet,
-        endpoints,
-    ):
-        config = _routing(scenario, policy, endpoints, project_balancing=options.project_balancing)
-        counters = _CounterSampler(fleet)
-        if policy in PEER_POLICIES:
-            async with counters.running():
-                result, extra_figures = await _replay_on_peer(
-                    scenario, policy, endpoints, trace_path=trace_path, workdir=workdir
-                )
-            sim_lag = _simulator_lag(fleet)
-            end = _EngineCounters.of(fleet)
-        elif scenario.replicas is not None:
-            async with counters.running():
-                result, extra_figures = await _replay_on_replicas(
-                    scenario, config, fleet, trace=trace, trace_path=trace_path, workdir=workdir
-                )
-            sim_lag = _simulator_lag(fleet)
-            end = _EngineCounters.of(fleet)
-        else:
-            gateway = await gateways.get()
-            queues = QueueSampler(
-                fleet, decision=_pod_decisions(gateway, fleet) if policy == "project" else None
+    # A collection pausing the pods and the server mid-replay is noise: bench/collector.py.
+    with collector_frozen() as pauses:
+        async with _targets(
+            scenario, policy, seed=seed, stream_interval=options.stream_interval
+        ) as (
+            fleet,
+            endpoints,
+        ):
+            config = _routing(
+                scenario, policy, endpoints, project_balancing=options.project_balancing
             )
-            adapters = AdapterSampler(
-                fleet, placement=_pod_adapters(gateway, fleet) if policy == "project" else None
-            )
-            async with (
-                queues.running() if scenario.trace.users else contextlib.nullcontext(),
-                adapters.running() if scenario.adapters else contextlib.nullcontext(),
-            ):
-                result, fault_figures, sim_lag, end = await _replay_on_gateway(
-                    gateway,
-                    scenario,
-                    policy,
-                    fleet,
-                    config,
-                    counters,
-                    trace_path=trace_path,
-                    first_at_s=first_at_s,
-                    options=options,
-                    envoy=gateways.envoy,
-                )
-            extra_figures.update(fault_figures)
-            if scenario.trace.users:
-                slack = config.balancing.queue_slack
-                extra_figures.update(
-                    key_figures(
-                        trace,
-                        result,
-                        episodes=queues.episodes(slack=slack),
-                        spilled=queues.spilled,
-                        warmup_s=scenario.warmup_s,
+            counters = _CounterSampler(fleet)
+            if policy in PEER_POLICIES:
+                async with counters.running():
+                    result, extra_figures = await _replay_on_peer(
+                        scenario, policy, endpoints, trace_path=trace_path, workdir=workdir
                     )
+                sim_lag = _simulator_lag(fleet)
+                end = _EngineCounters.of(fleet)
+            elif scenario.replicas is not None:
+                async with counters.running():
+                    result, extra_figures = await _replay_on_replicas(
+                        scenario, config, fleet, trace=trace, trace_path=trace_path, workdir=workdir
+                    )
+                sim_lag = _simulator_lag(fleet)
+                end = _EngineCounters.of(fleet)
+            else:
+                gateway = await gateways.get()
+                queues = QueueSampler(
+                    fleet, decision=_pod_decisions(gateway, fleet) if policy == "project" else None
                 )
-                queues.save(stem.with_name(f"{stem.name}-{policy}-queues.json"), slack=slack)
-            if scenario.adapters:
-                # Which adapter waited where (bench/lora_trace.py).
-                adapters.save(
-                    stem.with_name(f"{stem.name}-{policy}-adapters.json"),
-                    started_at_unix=result.started_at_unix,
+                adapters = AdapterSampler(
+                    fleet, placement=_pod_adapters(gateway, fleet) if policy == "project" else None
                 )
-        # Every request's pod and times, beside the trace, to see after a run why a figure
-        # is what it is.
-        result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
+                async with (
+                    queues.running() if scenario.trace.users else contextlib.nullcontext(),
+                    adapters.running() if scenario.adapters else contextlib.nullcontext(),
+                ):
+                    result, fault_figures, sim_lag, end = await _replay_on_gateway(
+                        gateway,
+                        scenario,
+                        policy,
+                        fleet,
+                        config,
+                        counters,
+                        trace_path=trace_path,
+                        first_at_s=first_at_s,
+                        options=options,
+                        envoy=gateways.envoy,
+                    )
+                extra_figures.update(fault_figures)
+                if scenario.trace.users:
+                    slack = config.balancing.queue_slack
+                    extra_figures.update(
+                        key_figures(
+                            trace,
+                            result,
+                            episodes=queues.episodes(slack=slack),
+                            spilled=queues.spilled,
+                            warmup_s=scenario.warmup_s,
+                        )
+                    )
+                    queues.save(stem.with_name(f"{stem.name}-{policy}-queues.json"), slack=slack)
+                if scenario.adapters:
+                    # Which adapter waited where (bench/lora_trace.py).
+                    adapters.save(
+                        stem.with_name(f"{stem.name}-{policy}-adapters.json"),
+                        started_at_unix=result.started_at_unix,
+                    )
+            # Every request's pod and times, beside the trace, to see after a run why a figure
+            # is what it is.
+            result.save(stem.with_name(f"{stem.name}-{policy}-results.json"))
     if scenario.trace.prefix_groups is not None:
         extra_figures["group_homes"] = group_homes(
             trace, result, pods=[pod.name for pod in scenario.pods], warmup_s=scenario.warmup_s
         )
-    return _policy_run(scenario, result, counters, end, sim_lag, extra_figures)
+    return _policy_run(scenario, result, counters, end, sim_lag, extra_figures, pauses)
 
 
 def _pod_decisions(
@@ -548,6 +555,7 @@ def _policy_run(
     end: _EngineCounters,
     sim_lag: dict[str, float],
     extra_figures: Mapping[str, Any],
+    pauses: CollectorPauses,
 ) -> PolicyRun:
     warmup_s = scenario.warmup_s
     measured = [r for r in result.results if r.scheduled_at_s >= warmup_s]
@@ -576,6 +584,7 @@ def _policy_run(
         "loadgen_loop_lag_p99_s": result.loop_lag_p99_s,
         "loadgen_send_lateness_p99_s": result.send_lateness_p99_s,
         "simulator": sim_lag,
+        "collector": pauses.to_json(),
         "saturated": saturated,
     }
     return PolicyRun(summary=summary, ttfts=ttfts, saturated=saturated, notes=notes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import sys
@@ -168,6 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("--extra-body must be a JSON object")
     try:
         trace = Trace.load(args.trace)
+        # The trace and everything imported live as long as the replay: out of the
+        # collector's sight, a full collection does not stall the loop that times responses.
+        gc.freeze()
         result = asyncio.run(
             replay(
                 trace,
