@@ -46,7 +46,7 @@ reaction without waiting for the key's next request, as requests_to_dead_pod_aft
 does for scenario g. Episodes during which the key sent requests, all to the queueing
 pod, are `unspilled` (with the longest one's duration); those during which it sent none
 are `idle`. For the project, the sampler also reads which pods the server has off the
-session table (`ring_spill`): `decision_median` and `decision_max` are the times from an
+session table (`spilling`): `decision_median` and `decision_max` are the times from an
 episode's start to the server's decision, over the episodes it decided within
 (`undecided`: the others).
 
@@ -100,7 +100,7 @@ class QueueEpisode:
 
 class QueueSampler:
     """Samples every pod's waiting and running requests every `INTERVAL_S` while a trace
-    replays, and with `decision` (each pod's weight and `ring_spill` in the server's
+    replays, and with `decision` (each pod's weight and `spilling` in the server's
     current decision) the server's decisions too. Mutable state: `_samples` (Unix time,
     waiting per pod), `_running` (running per pod, one per sample) and `_decisions` (Unix
     time, weight and spill per pod), appended to while running."""

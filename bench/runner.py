@@ -383,7 +383,7 @@ async def _run_policy(
 def _pod_decisions(
     gateway: LocalGateway, fleet: Fleet
 ) -> Callable[[], dict[str, tuple[int, bool]]]:
-    """A function giving each pod's weight and `ring_spill` (off the session table) in the
+    """A function giving each pod's weight and `spilling` (off the session table) in the
     server's current decision, by pod name, for scenario h's sampler."""
     names = {pod.port: pod.name for pod in fleet.pods}
 
@@ -391,7 +391,7 @@ def _pod_decisions(
         pool = gateway.app.controller.decision.pools.get(_POOL)
         if pool is None:
             return {}
-        return {names.get(e.port, e.id): (e.weight, e.ring_spill) for e in pool.endpoints}
+        return {names.get(e.port, e.id): (e.weight, e.spilling) for e in pool.endpoints}
 
     return decision
 

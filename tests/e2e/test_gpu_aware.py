@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -351,14 +351,11 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
     pod's weight, so short requests go to the other pod while its prefill holds the GPU;
     when the log shows its first response bytes, the weight comes back, while it still
     decodes (streamed: a non-streamed response sends its body only at the end, so its pod
-    stays cut until then)."""
+    stays cut until then). While cut, the pod is DEGRADED: Envoy gives it no new request
+    while the other pod is healthy (the weight alone left it some, seen once in CI)."""
     specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(2)]
     async with Fleet(specs, model="m") as fleet:
-        # The default cut (0.01) leaves the pod 1% of the picks: one short request in six
-        # landing there would be the weight working, not failing (seen once in CI). At
-        # 0.0001 every short request should avoid it.
-        balancing = {"scrape_interval_s": 0.1, "long_prompt_weight_factor": 0.0001}
-        path = fleet_config(tmp_path, fleet, balancing)
+        path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.1})
         async with (
             run_local_gateway(path, config_poll_s=3600, load_report_interval_s=30.0) as gateway,
             aiohttp.ClientSession() as http,
@@ -389,6 +386,7 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
             await eventually(cut, within_s=5, what="the long prompt's pod cut")
             view = await hosts(gateway)
             cut_port = min(view, key=lambda port: view[port][0])
+            assert view[cut_port][1] == "DEGRADED", view
             (cut_pod,) = [pod for pod in fleet.pods if pod.port == cut_port]
             during = await pod_samples(gateway)
             # Short requests sent while the long prompt still prefills there, at most 6: on
@@ -416,6 +414,57 @@ async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: P
     assert entries("xds_als_entries_total", {"type": "UpstreamPoolReady"}) == 1
     assert (entries("xds_als_entries_total", {"type": "UpstreamPeriodic"}) or 0) > 10
     assert entries("xds_als_entries_total", {"type": "UpstreamEnd"}) == 1
+
+
+async def test_pods_prefilling_long_prompts_get_nothing_new_while_one_pod_is_free(
+    tmp_path: Path,
+) -> None:
+    """Two of three pods prefill a long prompt each: both DEGRADED, and every short request
+    goes to the third. The assignment's overprovisioning factor is what makes it every one:
+    at Envoy's default (140%) one healthy host of three counts as 47% of the pool, and the
+    degraded two would get the other 53%."""
+    specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(3)]
+    async with Fleet(specs, model="m") as fleet:
+        path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.1})
+        async with (
+            run_local_gateway(path, config_poll_s=3600, load_report_interval_s=30.0) as gateway,
+            aiohttp.ClientSession() as http,
+        ):
+
+            async def served_by(prompt: str, max_tokens: int) -> str:
+                body = {"model": "m", "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+                async with http.post(f"{gateway.url}/v1/completions", json=body) as response:
+                    assert response.status == 200, await response.text()
+                    await response.read()
+                    return response.headers[BACKEND_ID_HEADER]
+
+            def degraded(count: int) -> Callable[[], Awaitable[bool]]:
+                async def check() -> bool:
+                    view = await hosts(gateway)
+                    return sum(h == "DEGRADED" for _, h in view.values()) == count
+
+                return check
+
+            await eventually(degraded(0), what="three pods in rotation")
+            # 18k and 12k words: about 3 s and 2 s of prefill on this profile.
+            first = asyncio.create_task(served_by("word " * 18_000, 1))
+            await eventually(degraded(1), within_s=5, what="the first long prompt's pod degraded")
+            second = asyncio.create_task(served_by("more " * 12_000, 1))
+            await eventually(degraded(2), within_s=5, what="the second long prompt's pod degraded")
+            view = await hosts(gateway)
+            (free_port,) = [port for port, (_, health) in view.items() if health == "HEALTHY"]
+            prefilling = [pod for pod in fleet.pods if pod.port != free_port]
+            short = []
+            while len(short) < 20 and all(
+                pod.state_snapshot().engine.num_prefilling > 0 for pod in prefilling
+            ):
+                short.append(await served_by("hello there", 1))
+            long_pods = {await first, await second}
+            await eventually(degraded(0), within_s=10, what="the pods back once prefill is over")
+    (free_pod,) = [pod.name for pod in fleet.pods if pod.port == free_port]
+    assert long_pods == {pod.name for pod in prefilling}, (long_pods, free_pod)
+    assert set(short) == {free_pod}, short
+    assert len(short) >= 3, "the long prompts' prefills ended too early to tell"
 
 
 async def test_with_flow_control_a_long_prompt_is_admitted_by_its_bands_long_cluster(

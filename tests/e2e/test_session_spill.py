@@ -128,7 +128,7 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(tmp_pat
         until = loop.time() + 10 * config.balancing.scrape_interval_s
         while loop.time() < until:
             pool = gateway.app.controller.decision.pools["gpu"]
-            assert next(e.ring_spill for e in pool.endpoints if e.port == hot)
+            assert next(e.spilling for e in pool.endpoints if e.port == hot)
             for key in hot_keys:
                 assert await served(key) != hot, key
 

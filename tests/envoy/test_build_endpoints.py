@@ -207,16 +207,39 @@ def test_a_draining_config_endpoint_is_draining(affinity_config: RoutingConfig) 
     assert endpoint["health"] == "DRAINING"
 
 
-def test_a_spilling_pod_is_unhealthy_on_the_ring_only(affinity_config: RoutingConfig) -> None:
-    """A pod that queues stays in the pool's rotation (its load weight cut) but leaves the
-    session assignment's healthy set: its keys go to the next pod until it recovers."""
+def test_a_spilling_pod_is_degraded_in_the_pool_and_unhealthy_on_the_ring(
+    affinity_config: RoutingConfig,
+) -> None:
+    """A pod that queues or prefills a long prompt is DEGRADED in the pool's assignment
+    (nothing new while a healthy pod can take it all: the overprovisioning factor says one
+    can) and leaves the session assignment's healthy set: its keys go to the next pod until
+    it recovers. Only a HEALTHY pod is marked: a draining one stays draining."""
     state = _state(
         "llm",
         EndpointState(
-            address="10.0.0.3", port=8001, weight=10, ring_weight=100_000, ring_spill=True
+            address="10.0.0.3", port=8001, weight=10, ring_weight=100_000, spilling=True
+        ),
+        EndpointState(
+            address="10.0.0.4",
+            port=8001,
+            weight=10,
+            ring_weight=100_000,
+            spilling=True,
+            health=Health.DRAINING,
         ),
         EndpointState(address="10.0.0.9", port=8000, weight=900, ring_weight=100_000),
     )
     by_pool = _by_pool(build_endpoints(affinity_config, state))
-    assert [e["health"] for e in _endpoints(by_pool["llm"])] == ["HEALTHY", "HEALTHY"]
-    assert [e["health"] for e in _endpoints(by_pool["llm/session"])] == ["UNHEALTHY", "HEALTHY"]
+    assert [e["health"] for e in _endpoints(by_pool["llm"])] == [
+        "DEGRADED",
+        "DRAINING",
+        "HEALTHY",
+    ]
+    assert [e["health"] for e in _endpoints(by_pool["llm/session"])] == [
+        "UNHEALTHY",
+        "DRAINING",
+        "HEALTHY",
+    ]
+    # Envoy's health of a priority: min(100, factor * healthy hosts / hosts): 100 with one.
+    assert by_pool["llm"].policy.overprovisioning_factor.value == 300
+    assert not by_pool["llm/session"].HasField("policy")

@@ -311,7 +311,7 @@ def test_an_adapter_running_somewhere_grows_active_and_one_running_nowhere_fades
 def _spilled(pool_signals: dict[str, PodSignals], **kw: object) -> set[str]:
     session_pool = POOL.model_copy(update={"session_affinity": True, **kw.pop("pool", {})})
     scored = score_pool(session_pool, settings=SETTINGS, signals=pool_signals, memory={}, **kw)  # type: ignore[arg-type]
-    return {e.id for e in scored.state.endpoints if e.ring_spill}
+    return {e.id for e in scored.state.endpoints if e.spilling}
 
 
 def test_a_queueing_pod_spills_its_keys_off_the_session_ring() -> None:
@@ -326,7 +326,7 @@ def test_a_queueing_pod_spills_its_keys_off_the_session_ring() -> None:
     assert _spilled({A: signals(waiting=3), B: signals(waiting=5)}) == set()
     # Only session pools have a ring.
     scored = score_pool(POOL, settings=SETTINGS, signals={A: signals(waiting=3)}, memory={})
-    assert not any(e.ring_spill for e in scored.state.endpoints)
+    assert not any(e.spilling for e in scored.state.endpoints)
 
 
 def _session_step(
@@ -416,7 +416,7 @@ def test_no_pod_spills_when_every_pod_would() -> None:
     both_full = {A: signals(running=48, waiting=3), B: signals(running=48, waiting=3)}
     first = _session_step(both_full)
     assert first.spilled == frozenset()
-    assert not any(e.ring_spill for e in first.state.endpoints)
+    assert not any(e.spilling for e in first.state.endpoints)
 
 
 def test_at_most_half_the_pods_spill_the_most_loaded_first() -> None:

@@ -35,7 +35,7 @@ with every update. Load reaches it two ways: the bounded load (`hash_balance_fac
 a host already over that multiple of the mean in-flight load of this cluster, so a hot
 session spills over instead of piling onto one GPU; and a pod that queues by its metrics
 (all traffic counted, not only keyed) leaves the session assignment's healthy set
-(endpoints.py, `ring_spill`), so its keys go to the other pods until it recovers, while
+(endpoints.py, `spilling`), so its keys go to the other pods until it recovers, while
 theirs stay put. Requests without a session key never reach it.
 
 A GPU-aware pool (weights from metrics) also gets a cluster for its long prompts,
@@ -208,7 +208,7 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     names.session_eds_service_name).
 
     Maglev, not ring hash: a pod that queues leaves the session assignment's healthy set
-    for a while (endpoints.py, `ring_spill`), and its keys must go to other pods without
+    for a while (endpoints.py, `spilling`), and its keys must go to other pods without
     moving theirs. Ring hash rebuilds its ring with more points per remaining host, so
     about one key in eight of the other pods moved too (4 pods, simulated); Maglev's
     table keeps the other pods' entries (0.05% moved) and takes them back on return."""

@@ -12,9 +12,17 @@ there; any other pool takes them from the config, as written. Per endpoint:
   each host's share of the table by it, and a share that followed load would move keys).
 - `health_status`: HEALTHY, DRAINING (finishes what it has, gets nothing new, and does not
   count against the pool's health) or UNHEALTHY (stale metrics: out of rotation). Config
-  endpoints carry none (UNKNOWN), which Envoy treats as healthy. In a session assignment a
-  pod that queues (`ring_spill`) is UNHEALTHY too: Envoy's Maglev table skips it, so its
-  keys go to other pods until it recovers, and (nearly) no other key moves.
+  endpoints carry none (UNKNOWN), which Envoy treats as healthy. A pod that queues or
+  prefills a long prompt (`spilling`) is, in a session assignment, UNHEALTHY: Envoy's
+  Maglev table skips it, so its keys go to other pods until it recovers, and (nearly) no
+  other key moves. In the pool's assignment it is DEGRADED: Envoy sends a degraded host
+  nothing while the healthy ones can take all the traffic, and the assignment's
+  `overprovisioning_factor` (100 per endpoint: Envoy's 140 would send 30% of the traffic
+  to the degraded half of a pool) says one healthy host can. A weight cut alone
+  (`long_prompt_weight_factor`) left such a pod some picks, and in the benchmark's
+  scenario b each chat it got waited seconds behind a document's prefill. When every
+  healthy pod spills, none does (scoring.py); a LoRA subset whose holders are all
+  degraded is served by them.
 - metadata `envoy.lb: {lora: [...]}` in a pool with adapters: the subset load balancer
   (clusters.py) puts the endpoint in the subset of each adapter listed. Only the pool's
   configured adapters are listed (no route could ask for another, and each value is a
@@ -45,6 +53,9 @@ from xds_server.policy.state import EndpointState, Health, PoolState
 
 __all__ = ["HEALTH_STATUS", "build_endpoints"]
 
+# Envoy's own overprovisioning factor, in percent: a pool's assignment never gets less.
+DEFAULT_OVERPROVISIONING = 140
+
 # The EDS health status of each policy verdict.
 HEALTH_STATUS: Mapping[Health, int] = {
     Health.HEALTHY: health_check_pb2.HEALTHY,
@@ -74,18 +85,20 @@ def build_endpoints(config: RoutingConfig, decision: Decision | None = None) -> 
                 lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
             else:
                 lb_endpoints = [_from_state(pool, e, ring=ring) for e in checked]
-            assignments.append(
-                endpoint_pb2.ClusterLoadAssignment(
-                    cluster_name=names.session_eds_service_name(pool.name)
-                    if ring
-                    else names.eds_service_name(pool.name),
-                    endpoints=[
-                        endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=lb_endpoints)
-                    ]
-                    if lb_endpoints
-                    else [],
-                )
+            assignment = endpoint_pb2.ClusterLoadAssignment(
+                cluster_name=names.session_eds_service_name(pool.name)
+                if ring
+                else names.eds_service_name(pool.name)
             )
+            if lb_endpoints:
+                assignment.endpoints.append(
+                    endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=lb_endpoints)
+                )
+                if not ring:
+                    assignment.policy.overprovisioning_factor.value = max(
+                        DEFAULT_OVERPROVISIONING, 100 * len(lb_endpoints)
+                    )
+            assignments.append(assignment)
     return assignments
 
 
@@ -130,10 +143,11 @@ def _from_state(pool: PoolConfig, endpoint: EndpointState, *, ring: bool) -> _An
         weight,
         metadata=_metadata(pool, adapters, endpoint.hardware),
     )
-    health = endpoint.health
-    if ring and endpoint.ring_spill and health is Health.HEALTHY:
-        health = Health.UNHEALTHY
-    lb_endpoint.health_status = HEALTH_STATUS[health]
+    lb_endpoint.health_status = HEALTH_STATUS[endpoint.health]
+    if endpoint.spilling and endpoint.health is Health.HEALTHY:
+        lb_endpoint.health_status = (
+            HEALTH_STATUS[Health.UNHEALTHY] if ring else health_check_pb2.DEGRADED
+        )
     return lb_endpoint
 
 

@@ -39,15 +39,18 @@ pod: the Envoys' upstream access log says where each long prompt went as it star
 when its first token came (their load reports stand in for Envoys that do not log),
 whereas metrics show a prefill only once requests queue behind it. The factor is not
 smoothed, and not remembered: it applies while the long prompt prefills and not a moment
-longer. Then scores are scaled so the best pod gets MAX_WEIGHT, and quantized to a
+longer. Such a pod also spills (`spilling`): DEGRADED in the pool's assignment, so Envoy
+sends it nothing new while another pod is healthy (envoy/endpoints.py); the factor then
+ranks the pods where every one prefills (none spills then) or in a LoRA subset of
+degraded holders. Then scores are scaled so the best pod gets MAX_WEIGHT, and quantized to a
 geometric ladder (steps of 15%) so that near-equal pods get exactly equal weights (Envoy
 then balances a uniform fleet by plain round robin) and small noise does not turn into
 EDS pushes or swings between Envoys. A pool with session affinity also gets ring weights,
 the capacity factor alone on the same ladder: consistent hashing sizes each pod's share of
 the keys by its weight, and keys that moved with load would lose their cached prefixes
 (envoy/clusters.py). Load moves keys another way: a pod loaded beyond the others, or near
-its pool's `batch_limit`, leaves the session table for a while (`ring_spill`, _spilling), and its
-pool weight drops as for a long prompt.
+its pool's `batch_limit`, leaves the session table for a while (`spilling`, _spilling), and
+is DEGRADED in the pool with its weight cut, as for a long prompt.
 
 Health: a pod whose scrapes could not connect at all (refused, reset: `PodSignals.down`)
 is UNHEALTHY at the next decision, and HEALTHY again once a scrape succeeds; a pod that has
@@ -445,8 +448,8 @@ def score_pool(
         loaded, prefilling = frozenset(), set()
     spilling = loaded | prefilling
     # A pod that spills its keys for load is taken out of the pool cluster's rotation the
-    # same way (one long prompt's factor): unkeyed requests sent to a full batch would wait
-    # for the slot its keys were moved off to spare.
+    # same way (DEGRADED, and one long prompt's factor): unkeyed requests sent to a full
+    # batch would wait for the slot its keys were moved off to spare.
     factor = settings.long_prompt_weight_factor
     weighed = {
         key: scores.get(key, 0.0 if key in down else placeholder)
@@ -480,7 +483,7 @@ def score_pool(
                 else (),
                 hardware=endpoint.hardware,
                 long_prompts=long_prompts.get(key, 0),
-                ring_spill=key in spilling,
+                spilling=key in spilling,
             )
         )
     return ScoredPool(
