@@ -216,9 +216,7 @@ def test_a_spilling_pod_is_degraded_in_the_pool_and_unhealthy_on_the_ring(
     it recovers. Only a HEALTHY pod is marked: a draining one stays draining."""
     state = _state(
         "llm",
-        EndpointState(
-            address="10.0.0.3", port=8001, weight=10, ring_weight=100_000, spilling=True
-        ),
+        EndpointState(address="10.0.0.3", port=8001, weight=10, ring_weight=100_000, spilling=True),
         EndpointState(
             address="10.0.0.4",
             port=8001,
