@@ -453,6 +453,7 @@ async def test_pods_prefilling_long_prompts_get_nothing_new_while_one_pod_is_fre
             await eventually(degraded(2), within_s=5, what="the second long prompt's pod degraded")
             view = await hosts(gateway)
             (free_port,) = [port for port, (_, health) in view.items() if health == "HEALTHY"]
+            spilling = await pod_samples(gateway)
             prefilling = [pod for pod in fleet.pods if pod.port != free_port]
             short = []
             while len(short) < 20 and all(
@@ -465,6 +466,9 @@ async def test_pods_prefilling_long_prompts_get_nothing_new_while_one_pod_is_fre
     assert long_pods == {pod.name for pod in prefilling}, (long_pods, free_pod)
     assert set(short) == {free_pod}, short
     assert len(short) >= 3, "the long prompts' prefills ended too early to tell"
+    assert {
+        pod.name: spilling[("xds_pod_spilling", f"127.0.0.1:{pod.port}")] for pod in fleet.pods
+    } == {pod.name: float(pod.name != free_pod) for pod in fleet.pods}
 
 
 async def test_with_flow_control_a_long_prompt_is_admitted_by_its_bands_long_cluster(

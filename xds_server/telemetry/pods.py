@@ -40,6 +40,11 @@ _FAMILIES = {
         " Envoys that do not log); its weight is cut while they last.",
     ),
     "healthy": ("xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0."),
+    "spilling": (
+        "xds_pod_spilling",
+        "1 while the pod queues or prefills a long prompt: DEGRADED in its pool (nothing new"
+        " while another pod is healthy) and off the session-affinity table, else 0.",
+    ),
     "age": ("xds_pod_metrics_age_seconds", "Age of the pod's last good metrics."),
     "errors": ("xds_pod_scrape_errors_in_a_row", "Failed scrapes since the last good one."),
 }
@@ -67,6 +72,7 @@ class PodCollector(Collector):
                 families["healthy"].add_metric(
                     labels, 1.0 if endpoint.health is Health.HEALTHY else 0.0
                 )
+                families["spilling"].add_metric(labels, float(endpoint.spilling))
                 families["adapters"].add_metric(labels, len(endpoint.adapters))
                 observation = observations.get(pod_id)
                 if observation is None:
