@@ -138,7 +138,11 @@ def _routing(
     endpoints: Sequence[tuple[str, int]],
     *,
     project_balancing: Mapping[str, Any] | None = None,
+    pod_names: Mapping[int, str] | None = None,
 ) -> RoutingConfig:
+    """The routing config of one run; `pod_names` (by port) name the endpoints, as the
+    Kubernetes inventory does, so that the session ring hashes names, not the ports the
+    kernel picked for this run."""
     project = policy == "project"
     flow_control = dict(scenario.flow_control or {}) if project else {}
     return RoutingConfig.model_validate(
@@ -168,7 +172,9 @@ def _routing(
                     if project and scenario.adapters
                     else None,
                     "endpoints": [
-                        {"address": host, "port": port, "weight": 1} for host, port in endpoints
+                        {"address": host, "port": port, "weight": 1}
+                        | ({"name": pod_names[port]} if pod_names and port in pod_names else {})
+                        for host, port in endpoints
                     ],
                 }
             ],
@@ -310,7 +316,11 @@ async def _run_policy(
             endpoints,
         ):
             config = _routing(
-                scenario, policy, endpoints, project_balancing=options.project_balancing
+                scenario,
+                policy,
+                endpoints,
+                project_balancing=options.project_balancing,
+                pod_names={pod.port: pod.name for pod in fleet.pods},
             )
             counters = _CounterSampler(fleet)
             if policy in PEER_POLICIES:

@@ -61,6 +61,16 @@ def test_good_config_with_defaults() -> None:
             "endpoint 10.0.0.1:1 listed twice",
         ),
         (
+            "pools: [{name: a, models: [m], endpoints: "
+            "[{address: 10.0.0.1, port: 1, name: p}, {address: 10.0.0.2, port: 1, name: p}]}]",
+            "endpoint name 'p' used twice",
+        ),
+        (
+            "pools: [{name: a, models: [m], endpoints: "
+            "[{address: 10.0.0.1, port: 1}, {address: 10.0.0.2, port: 1, name: '10.0.0.1:1'}]}]",
+            "pools.0.endpoints.1.name: String should match pattern",
+        ),
+        (
             "pools: [{name: a, models: [m], endpoints: [{address: 10.0.0.1, port: 1, weight: 0}]}]",
             "weight",
         ),

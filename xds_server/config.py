@@ -81,6 +81,12 @@ class EndpointConfig(_Strict):
 
     address: str
     port: Port
+    # What the session-affinity ring hashes to place keys (default: `address:port`); on
+    # Kubernetes the pod's `namespace/name`, so where keys live depends on which pods
+    # serve, not on their IPs (a StatefulSet pod back with a new IP gets its keys back).
+    name: Annotated[
+        str | None, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,318}[A-Za-z0-9])?$")
+    ] = None
     # A static weight, used as is when the pool's metrics are not scraped (round robin, or
     # no metrics yet); GPU-aware balancing replaces it with a weight from live metrics.
     weight: Annotated[int, Field(ge=1, le=1_000_000)] = 1
@@ -91,6 +97,11 @@ class EndpointConfig(_Strict):
     # Takes no new requests and finishes the ones it has (Envoy's DRAINING); set for pods
     # being deleted, and usable by hand to take an endpoint out gracefully.
     draining: bool = False
+
+    @property
+    def ring_key(self) -> str:
+        """What Envoy hashes for this endpoint on a session-affinity ring."""
+        return self.name or f"{self.address}:{self.port}"
 
     @field_validator("address")
     @classmethod
@@ -177,11 +188,15 @@ class PoolConfig(_Strict):
     @classmethod
     def _unique_endpoints(cls, endpoints: tuple[EndpointConfig, ...]) -> tuple[EndpointConfig, ...]:
         seen: set[tuple[str, int]] = set()
+        ring_keys: set[str] = set()
         for endpoint in endpoints:
             key = (endpoint.address, endpoint.port)
             if key in seen:
                 raise ValueError(f"endpoint {endpoint.address}:{endpoint.port} listed twice")
             seen.add(key)
+            if endpoint.ring_key in ring_keys:
+                raise ValueError(f"endpoint name {endpoint.ring_key!r} used twice")
+            ring_keys.add(endpoint.ring_key)
         return endpoints
 
 

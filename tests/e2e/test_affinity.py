@@ -55,14 +55,16 @@ class Stack:
         adapters: Sequence[tuple[str, ...]] = ((),) * 4,
         weights: Sequence[int] = (100,) * 4,
         ring_weights: Sequence[int | None] = (None,) * 4,
+        pod_names: Sequence[str | None] = (None,) * 4,
     ) -> None:
         """Give both pools these endpoint states (backend i: health[i], adapters[i],
-        weights[i], ring_weights[i]) and wait until Envoy has ACKed them and shows them in
-        /clusters."""
+        weights[i], ring_weights[i], pod_names[i]) and wait until Envoy has ACKed them and
+        shows them in /clusters."""
         endpoints = tuple(
             EndpointState(
                 address=backend.host,
                 port=backend.port,
+                name=pod_names[i],
                 weight=weights[i],
                 ring_weight=ring_weights[i],
                 health=health[i],
@@ -138,6 +140,15 @@ class Stack:
             status, backend = await self.post(model, headers=headers, **body)
             served[backend if status == 200 and backend else f"HTTP {status}"] += 1
         return served
+
+    async def homes(self, keys: Sequence[str]) -> dict[str, str]:
+        """The backend each session key goes to (two requests each, both to the same one)."""
+        got = {}
+        for key in keys:
+            served = await self.sequential("base", 2, headers={names.SESSION_HEADER: key})
+            assert len(served) == 1, (key, served)
+            got[key] = next(iter(served))
+        return got
 
     async def held_streams(
         self, count: int, *, headers: dict[str, str] | None = None, **body: Any
@@ -288,23 +299,32 @@ async def test_a_session_key_sticks_to_one_backend(stack: Stack) -> None:
 async def test_session_keys_follow_the_ring_weights_not_the_load_weights(stack: Stack) -> None:
     keys = [f"conversation-{i}" for i in range(12)]
 
-    async def homes() -> dict[str, str]:
-        got = {}
-        for key in keys:
-            served = await stack.sequential("base", 2, headers={names.SESSION_HEADER: key})
-            assert len(served) == 1, (key, served)
-            got[key] = next(iter(served))
-        return got
-
     await stack.set_state(ring_weights=(100,) * 4)
-    home = await homes()
+    home = await stack.homes(keys)
     assert len(set(home.values())) >= 2, home
     # The load weights swing to one backend; the ring keeps its weights: no key moves.
     await stack.set_state(weights=(100_000, 1, 1, 1), ring_weights=(100,) * 4)
-    assert await homes() == home
+    assert await stack.homes(keys) == home
     # Without ring weights the ring takes the load weights, and keys go with them.
     await stack.set_state(weights=(100_000, 1, 1, 1))
-    assert set((await homes()).values()) == {"b0"}
+    assert set((await stack.homes(keys)).values()) == {"b0"}
+
+
+async def test_session_keys_follow_pod_names_not_addresses(stack: Stack) -> None:
+    """Maglev hashes each endpoint's hostname (its pod name): when the pods' names move to
+    other addresses (a pod back with a new IP), every key follows its pod's name."""
+    keys = [f"conversation-{i}" for i in range(12)]
+
+    pods = ("ml/pod-a", "ml/pod-b", "ml/pod-c", "ml/pod-d")
+    await stack.set_state(pod_names=pods)
+    home = await stack.homes(keys)
+    assert len(set(home.values())) >= 2, home
+    by_name = {key: pods[int(backend[1:])] for key, backend in home.items()}
+    # Backend i now carries the name backend i+1 had: each key moves to its name's backend.
+    rotated = pods[1:] + pods[:1]
+    await stack.set_state(pod_names=rotated)
+    assert {key: rotated[int(b[1:])] for key, b in (await stack.homes(keys)).items()} == by_name
+    assert await stack.homes(keys) != home
 
 
 async def test_a_hot_session_overflows_within_the_bounded_load(stack: Stack) -> None:

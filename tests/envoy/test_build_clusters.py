@@ -183,6 +183,8 @@ def test_the_session_cluster_hashes_with_bounded_load(affinity_config: RoutingCo
     ring = maglev_pb2.Maglev()
     assert child.typed_config.Unpack(ring)
     assert ring.consistent_hashing_lb_config.hash_balance_factor.value == 175
+    # Keys are placed by endpoint names (their hostnames), not by addresses.
+    assert ring.consistent_hashing_lb_config.use_hostname_for_hashing
     # Without adapters: the ring itself.
     no_adapters = pool.model_copy(update={"adapters": ()})
     policy = _policy_of(build_session_cluster(affinity_config, no_adapters))

@@ -241,3 +241,38 @@ def test_a_spilling_pod_is_degraded_in_the_pool_and_unhealthy_on_the_ring(
     # Envoy's health of a priority: min(100, factor * healthy hosts / hosts): 100 with one.
     assert by_pool["llm"].policy.overprovisioning_factor.value == 300
     assert not by_pool["llm/session"].HasField("policy")
+
+
+def test_endpoints_carry_their_names_as_hostnames(affinity_config: RoutingConfig) -> None:
+    """The session ring hashes hostnames: a named endpoint's name, else `address:port`."""
+
+    def hostnames(assignments: list[Any]) -> dict[str, list[str]]:
+        return {
+            a.cluster_name: [e.endpoint.hostname for e in a.endpoints[0].lb_endpoints]
+            for a in assignments
+        }
+
+    named = affinity_config.model_copy(
+        update={
+            "pools": (
+                affinity_config.pools[0].model_copy(
+                    update={
+                        "endpoints": tuple(
+                            e.model_copy(update={"name": f"ml/pod-{i}"} if i == 0 else {})
+                            for i, e in enumerate(affinity_config.pools[0].endpoints)
+                        )
+                    }
+                ),
+            )
+        }
+    )
+    from_config = hostnames(build_endpoints(named))
+    assert from_config["llm"] == from_config["llm/session"] == ["ml/pod-0", "10.0.0.1:8000"]
+
+    state = _state(
+        "llm",
+        EndpointState(address="10.0.0.7", port=8000, weight=5, name="ml/pod-7"),
+        EndpointState(address="10.0.0.3", port=8000, weight=5),
+    )
+    from_state = hostnames(build_endpoints(named, state))
+    assert from_state["llm"] == from_state["llm/session"] == ["10.0.0.3:8000", "ml/pod-7"]

@@ -282,6 +282,15 @@ def test_a_session_pool_rings_on_capacity_while_load_moves_the_weights() -> None
     assert (a.ring_weight, b.ring_weight) == (MAX_WEIGHT, round(MAX_WEIGHT / 1.15**20))
     plain = score_pool(POOL, settings=SETTINGS, signals={A: signals(), B: signals()}, memory={})
     assert all(e.ring_weight is None for e in plain.state.endpoints)
+    # Endpoint names carry through to the ring (what Envoy hashes), addresses otherwise.
+    named = pool.model_copy(
+        update={"endpoints": (pool.endpoints[0].model_copy(update={"name": "ml/a"}),)}
+    )
+    (only,) = score_pool(
+        named, settings=SETTINGS, signals={A: signals()}, memory={}
+    ).state.endpoints
+    assert (only.name, only.ring_key) == ("ml/a", "ml/a")
+    assert b.ring_key == b.id
 
 
 def test_an_adapter_running_somewhere_grows_active_and_one_running_nowhere_fades() -> None:

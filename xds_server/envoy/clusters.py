@@ -211,13 +211,15 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     for a while (endpoints.py, `spilling`), and its keys must go to other pods without
     moving theirs. Ring hash rebuilds its ring with more points per remaining host, so
     about one key in eight of the other pods moved too (4 pods, simulated); Maglev's
-    table keeps the other pods' entries (0.05% moved) and takes them back on return."""
+    table keeps the other pods' entries (0.05% moved) and takes them back on return. It
+    hashes each endpoint's hostname, its name (endpoints.py), not its address."""
     maglev = extension_pb2.TypedExtensionConfig(
         name=MAGLEV_POLICY,
         typed_config=_protos.pack(
             maglev_pb2.Maglev(
                 consistent_hashing_lb_config=common_pb2.ConsistentHashingLbConfig(
-                    hash_balance_factor=_protos.uint32(config.balancing.hash_balance_factor)
+                    use_hostname_for_hashing=True,
+                    hash_balance_factor=_protos.uint32(config.balancing.hash_balance_factor),
                 )
             )
         ),

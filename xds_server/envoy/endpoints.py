@@ -30,6 +30,11 @@ there; any other pool takes them from the config, as written. Per endpoint:
   rotation is still "found", and Envoy answers 503 instead of falling back to the other
   endpoints, so a draining or stale holder must leave its subsets.
 - metadata `llm: {hardware: ...}` when known, for people reading /clusters.
+- `hostname`: the endpoint's name (config.EndpointConfig.name: `namespace/name` on
+  Kubernetes, else `address:port`). The session cluster's Maglev table hashes it
+  (clusters.py), so where keys live depends on which pods serve, not on the IPs and ports
+  they got: in the benchmark, whose simulated pods listen on ports the kernel picks,
+  runs of one trace put the same keys together.
 
 Output is deterministic (endpoints sorted by address and port, adapters sorted), so the
 content hash, which is the EDS version, changes only when the content does.
@@ -125,6 +130,7 @@ def _from_config(pool: PoolConfig, endpoint: EndpointConfig) -> _Any:
         endpoint.address,
         endpoint.port,
         endpoint.weight,
+        hostname=endpoint.ring_key,
         metadata=_metadata(pool, (), endpoint.hardware),
     )
     if endpoint.draining:
@@ -141,6 +147,7 @@ def _from_state(pool: PoolConfig, endpoint: EndpointState, *, ring: bool) -> _An
         endpoint.address,
         endpoint.port,
         weight,
+        hostname=endpoint.ring_key,
         metadata=_metadata(pool, adapters, endpoint.hardware),
     )
     lb_endpoint.health_status = HEALTH_STATUS[endpoint.health]
@@ -163,12 +170,15 @@ def _metadata(pool: PoolConfig, adapters: Iterable[str], hardware: str | None) -
     return metadata if metadata.filter_metadata else None
 
 
-def _lb_endpoint(address: str, port: int, weight: int, *, metadata: _Any | None) -> _Any:
+def _lb_endpoint(
+    address: str, port: int, weight: int, *, hostname: str, metadata: _Any | None
+) -> _Any:
     lb_endpoint = endpoint_components_pb2.LbEndpoint(
         endpoint=endpoint_components_pb2.Endpoint(
             address=address_pb2.Address(
                 socket_address=address_pb2.SocketAddress(address=address, port_value=port)
-            )
+            ),
+            hostname=hostname,
         ),
         load_balancing_weight=wrappers_pb2.UInt32Value(value=weight),
     )

@@ -471,6 +471,7 @@ def score_pool(
             EndpointState(
                 address=endpoint.address,
                 port=endpoint.port,
+                name=endpoint.name,
                 weight=_quantize(MAX_WEIGHT * weighed[key] / top),
                 ring_weight=_quantize(MAX_WEIGHT * capacities[key] ** capacity_exponent)
                 if pool.session_affinity

@@ -27,6 +27,8 @@ class Health(enum.Enum):
 class EndpointState:
     address: str
     port: int
+    # What the session-affinity ring hashes (config.EndpointConfig.name; None: `id`).
+    name: str | None = None
     # EDS load_balancing_weight, 1 .. MAX_WEIGHT (scoring.py), and the weight on the
     # session-affinity ring: capacity alone, so that load does not move keys (None: weight).
     weight: int
@@ -45,8 +47,13 @@ class EndpointState:
 
     @property
     def id(self) -> str:
-        """"address:port", as pods are keyed by the scraper and the policy."""
+        """ "address:port", as pods are keyed by the scraper and the policy."""
         return f"{self.address}:{self.port}"
+
+    @property
+    def ring_key(self) -> str:
+        """What Envoy hashes for this endpoint on a session-affinity ring."""
+        return self.name or self.id
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,6 +78,8 @@ def test_ready_running_pods_are_endpoints_with_their_labels() -> None:
         "sglang",
     )
     assert not endpoint.draining
+    # The session ring places keys by the pod's name, not its IP.
+    assert endpoint.name == endpoint.ring_key == "ml/a"
     # An engine label we cannot read is ignored (the pool's engine applies).
     assert pod_endpoint(pod("a", labels={ENGINE_LABEL: "nope"}), port=1).engine is None  # type: ignore[union-attr]
 
@@ -101,10 +103,10 @@ def test_selected_pods_join_the_static_endpoints_sorted() -> None:
     pods = {"ml/b": pod("b", "10.0.0.2"), "ml/a": pod("a", "10.0.0.10"), "ml/c": pod("c", None)}
     inventory = build_inventory(base, ClusterView(pods={LLAMA: pods}), namespaces=["ml"])
     llama = inventory.config.pools[0]
-    assert [(e.address, e.port) for e in llama.endpoints] == [
-        ("10.0.0.10", 8000),
-        ("10.0.0.2", 8000),
-        ("10.9.9.9", 8000),
+    assert [(e.address, e.port, e.ring_key) for e in llama.endpoints] == [
+        ("10.0.0.10", 8000, "ml/a"),
+        ("10.0.0.2", 8000, "ml/b"),
+        ("10.9.9.9", 8000, "10.9.9.9:8000"),
     ]
     assert inventory.problems == ()
     # The same objects in another order give the same config (replicas agree).

@@ -101,6 +101,12 @@ def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return metadata if isinstance(metadata, Mapping) else {}
 
 
+def _qualified_name(obj: Mapping[str, Any]) -> str | None:
+    """`namespace/name`, or None when the object lacks either."""
+    namespace, name = _metadata(obj).get("namespace"), _metadata(obj).get("name")
+    return f"{namespace}/{name}" if namespace and name else None
+
+
 def _ready(pod: Mapping[str, Any]) -> bool:
     """The Ready condition is True and so is every readiness gate's condition."""
     status = pod.get("status") or {}
@@ -132,6 +138,7 @@ def pod_endpoint(pod: Mapping[str, Any], *, port: int) -> EndpointConfig | None:
         return EndpointConfig(
             address=address,
             port=port,
+            name=_qualified_name(pod),
             hardware=labels.get(HARDWARE_LABEL) or None,
             engine=engine if engine in _ENGINES else None,
             draining=terminating,
