@@ -47,7 +47,7 @@ class EndpointState:
 
     @property
     def id(self) -> str:
-        """ "address:port", as pods are keyed by the scraper and the policy."""
+        """"address:port", as pods are keyed by the scraper and the policy."""
         return f"{self.address}:{self.port}"
 
     @property
