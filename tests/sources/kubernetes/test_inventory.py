@@ -116,6 +116,18 @@ def test_selected_pods_join_the_static_endpoints_sorted() -> None:
     assert again.config == inventory.config
 
 
+def test_a_pod_named_like_a_configured_endpoint_is_hashed_by_address() -> None:
+    """Names place keys on the session ring, so two endpoints of a pool never share one."""
+    base = parse_config(BASE.replace("9.9, port: 8000}", "9.9, port: 8000, name: ml/a}"))
+    pods = {"ml/a": pod("a", "10.0.0.10"), "ml/b": pod("b", "10.0.0.2")}
+    inventory = build_inventory(base, ClusterView(pods={LLAMA: pods}), namespaces=["ml"])
+    assert [e.ring_key for e in inventory.config.pools[0].endpoints] == [
+        "10.0.0.10:8000",
+        "ml/b",
+        "ml/a",
+    ]
+
+
 def test_pod_watches_follow_selectors_and_namespaces() -> None:
     base = parse_config(BASE)
     assert pod_watches(base.pools, namespaces=["ml", "ml2"]) == {

@@ -227,13 +227,19 @@ def _endpoints(
     pool: PoolConfig, pods: Mapping[PodWatch, Objects], *, namespaces: tuple[str, ...]
 ) -> tuple[EndpointConfig, ...]:
     found = {(e.address, e.port): e for e in pool.endpoints}
+    names = {e.ring_key for e in pool.endpoints}
     if pool.selector is not None:
         for ns in pool.selector.namespaces or namespaces:
             watch = PodWatch(namespace=ns, label_selector=pool.selector.label_selector)
             for key in sorted(pods.get(watch, {})):
                 endpoint = pod_endpoint(pods[watch][key], port=pool.selector.target_port)
-                if endpoint is not None:
-                    found.setdefault((endpoint.address, endpoint.port), endpoint)
+                if endpoint is None or (endpoint.address, endpoint.port) in found:
+                    continue
+                if endpoint.ring_key in names:
+                    # A configured endpoint has this name: the pod is hashed by address.
+                    endpoint = endpoint.model_copy(update={"name": None})
+                found[(endpoint.address, endpoint.port)] = endpoint
+                names.add(endpoint.ring_key)
     return tuple(found[k] for k in sorted(found))
 
 
