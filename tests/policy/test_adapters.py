@@ -83,6 +83,61 @@ def test_pods_of_nearly_equal_load_give_up_the_same_adapter_whichever_is_lighter
     assert placed(10, 5) == {"x": ("a0", "a1"), "p": ("a2", "a3", "a4"), "q": ("a0", "a5")}
 
 
+def test_a_displaced_adapter_waits_on_the_first_pod_with_room_whatever_queues_this_instant() -> (
+    None
+):
+    """g gives a2 up to a0's replica; a2 waits for a slot on p or q. Which one must not hang
+    on a request waiting at the decision's instant, nor on the load of the moment (scenario
+    e, seed 1: P95 TTFT 0.56 or 0.84 s from run to run, by which pod took it); a queue that
+    lasts (a smoothed score under half the best) does move it."""
+    adapters = tuple(f"a{i}" for i in range(8))
+    previous = {"x": ("a0", "a1"), "g": ("a2", "a3"), "p": ("a4", "a5"), "q": ("a6", "a7")}
+
+    def placed(p: AdapterPod) -> dict[str, tuple[str, ...]]:
+        pods = {
+            "x": pod("a0", "a1", load=60, waiting=True, score=0.2),
+            "g": pod("a2", "a3", load=4),
+            "p": p,
+            "q": pod("a6", "a7", load=20),
+        }
+        return place_adapters(adapters, pods, previous)
+
+    on_p = {"x": ("a0", "a1"), "g": ("a0", "a3"), "p": ("a2", "a4", "a5"), "q": ("a6", "a7")}
+    assert placed(pod("a4", "a5", load=20)) == on_p
+    assert placed(pod("a4", "a5", load=30, waiting=True, score=0.6)) == on_p
+    lasting_queue = placed(pod("a4", "a5", load=30, waiting=True, score=0.3))
+    assert lasting_queue == {**on_p, "p": ("a4", "a5"), "q": ("a2", "a6", "a7")}
+
+
+def test_ties_between_pods_fall_by_their_names_not_their_addresses() -> None:
+    """As above, with the pods keyed by address as scoring.py keys them: a2 goes to the
+    first pod by name, wherever the addresses put it; and never to the hot adapter's own
+    pod (x, first by name, its queue recent), where a0 would never leave it a slot."""
+    adapters = tuple(f"a{i}" for i in range(8))
+    named = {
+        "10.0.0.9:80": (
+            "x",
+            dataclasses.replace(pod("a0", "a1", load=60, waiting=True, score=0.6), name="pod-0"),
+        ),
+        "10.0.0.1:80": ("g", dataclasses.replace(pod("a2", "a3", load=4), name="pod-3")),
+        "10.0.0.2:80": ("p", dataclasses.replace(pod("a4", "a5", load=20), name="pod-2")),
+        "10.0.0.3:80": ("q", dataclasses.replace(pod("a6", "a7", load=20), name="pod-1")),
+    }
+    previous = {
+        "10.0.0.9:80": ("a0", "a1"),
+        "10.0.0.1:80": ("a2", "a3"),
+        "10.0.0.2:80": ("a4", "a5"),
+        "10.0.0.3:80": ("a6", "a7"),
+    }
+    got = place_adapters(adapters, {k: p for k, (_, p) in named.items()}, previous)
+    assert {named[k][0]: held for k, held in got.items()} == {
+        "x": ("a0", "a1"),
+        "g": ("a0", "a3"),
+        "p": ("a4", "a5"),
+        "q": ("a2", "a6", "a7"),
+    }
+
+
 def test_an_adapter_waiting_for_a_slot_is_not_hot() -> None:
     blocked = AdapterPod(
         slots=2,

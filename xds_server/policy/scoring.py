@@ -542,6 +542,7 @@ def _place_adapters(
     default_slots = pool.adapter_slots or max(reported, default=None)
     if default_slots is None or not any(k in signals for k in healthy):
         return {}
+    names = {endpoint_id(e): e.ring_key for e in pool.endpoints}
     pods = {
         key: AdapterPod(
             slots=s.max_adapters or default_slots,
@@ -554,6 +555,7 @@ def _place_adapters(
                 running & set(s.waiting_adapters) if s.waiting_adapters is not None else running
             ),
             recent_adapters=s.recent_adapters,
+            name=names[key],
         )
         for key in healthy
         if (s := signals.get(key)) is not None
