@@ -17,10 +17,9 @@ when one of them breaks, since every change costs an adapter load and a burst of
    slot, else, of the pods without waiting requests and within their slots, the one
    with the coldest adapter (of near-equal pods, the one whose coldest adapter is first by
    name; of a pod's near-equal adapters, the one listed last in the config) gives it up
-   if it is colder. If nobody else has that one, it waits for a slot on the
-   first by name of the other pods with room by their smoothed scores, unless some pod
-   is beyond its slots already (then only a free slot will do; none: no replica this
-   time).
+   if it is colder. If nobody else has that one, it waits for a slot on the first by
+   name of the other pods with room by their smoothed scores, unless some pod is beyond
+   its slots already (then only a free slot will do; none: no replica this time).
    One hot replica per pod and decision, so that two hot adapters do not meet on one
    pod.
 3. A replica nobody needs any more, an adapter on several pods none of which has requests
@@ -63,8 +62,9 @@ MAX_ACTIVITY = 0.95
 # evenly, as at a cold start.
 _RATE_FLOOR = 0.01
 # A pod may take a displaced adapter to wait for a slot while its smoothed score is at
-# least this share of the best pod's: one scrape with requests waiting leaves it there
-# (1 - smoothing of the queue scorer's quarter), two in a row do not.
+# least this share of the best pod's. With the default scorers and smoothing, one scrape
+# with two requests waiting takes an idle pod's score to 0.625 (it still may), two in a
+# row to 0.44 (it may not).
 HOME_MIN_SCORE = 0.5
 # Demands are compared on a geometric ladder of this ratio where near-equal ones must not
 # decide (_replicate): the estimates move with every scrape.
