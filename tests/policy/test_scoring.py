@@ -211,6 +211,31 @@ def test_configured_adapter_slots_place_adapters_before_any_pod_reports_its_own(
     assert [e.adapters for e in blind.state.endpoints] == [(), ()]
 
 
+def test_the_first_deal_of_adapters_follows_the_pods_names_not_their_addresses() -> None:
+    """Equal pods tie, and the tie falls by name: pods that come back with other addresses
+    (or the benchmark's pods, on other ports every run) get the same adapters."""
+    unreported = signals(adapters=(), running_adapters=())
+
+    def deal(names: tuple[str, str]) -> dict[str, tuple[str, ...]]:
+        endpoints = [
+            {"address": "10.0.0.1", "port": 8000, "name": names[0]},
+            {"address": "10.0.0.2", "port": 8000, "name": names[1]},
+        ]
+        pool = LORA_POOL.model_copy(
+            update={
+                "adapter_slots": 2,
+                "endpoints": tuple(EndpointConfig.model_validate(e) for e in endpoints),
+            }
+        )
+        scored = score_pool(
+            pool, settings=SETTINGS, signals={A: unreported, B: unreported}, memory={}
+        )
+        return {e.ring_key: e.adapters for e in scored.state.endpoints}
+
+    assert deal(("pod-0", "pod-1")) == {"pod-0": ("a", "c"), "pod-1": ("b",)}
+    assert deal(("pod-1", "pod-0")) == {"pod-0": ("a", "c"), "pod-1": ("b",)}
+
+
 def test_a_waiting_adapter_beyond_the_slots_is_not_advertised() -> None:
     got = adapters_of(
         {
