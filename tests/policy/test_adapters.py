@@ -66,9 +66,8 @@ def test_no_replica_puts_a_second_adapter_beyond_a_pods_slots() -> None:
 
 def test_pods_of_nearly_equal_load_give_up_the_same_adapter_whichever_is_lighter() -> None:
     """Which pod gives up its coldest adapter to a hot one is decided on demands 25% apart
-    or more; nearer than that, by the adapters' names. Decided on the exact
-    figures, two runs of one trace (or two replicas scraping a moment apart) went different
-    ways."""
+    or more; nearer than that, by the adapters' names. Decided on the exact figures, two
+    runs of one trace (or two replicas scraping a moment apart) went different ways."""
 
     def placed(p_load: float, q_load: float) -> dict[str, tuple[str, ...]]:
         pods = {
