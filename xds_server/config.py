@@ -285,6 +285,13 @@ class BalancingConfig(_Strict):
     # cache, and its next request pays a whole prefill (README, scenario c).
     smoothing: Annotated[float, Field(gt=0, le=1)] = 0.5
     hash_balance_factor: Annotated[int, Field(ge=100, le=1000)] = 300
+    # Where the keys of a pod that spills go (README, Where a keyed and an unkeyed request
+    # go): "pool" balances their requests by the pool's load-following weights, through an
+    # internal listener that the pod's entry in the session table points at while it
+    # spills (the Envoy bootstrap must enable `envoy.bootstrap.internal_listener`, as
+    # `xds-server bootstrap` does); "ring" hands each key to the next pod of its Maglev
+    # permutation, which may be another loaded pod, while an idle one waits.
+    spill_to: Literal["pool", "ring"] = "pool"
     # How much Envoy's own in-flight count corrects the weights in GPU-aware pools: above 0,
     # Envoy's least request picks by weight / (active + 1)^bias when weights differ
     # (least_request_lb_config active_request_bias) and by power of two choices on active
@@ -450,6 +457,11 @@ class RoutingConfig(_Strict):
         if pool.weights_from_metrics and self.balancing.long_prompt_bytes > 0:
             lanes.append("long")
         return tuple(lanes)
+
+    def spills(self, pool: PoolConfig) -> bool:
+        """Whether `pool`'s spilling pods send their keys' requests to its spill listener
+        (session affinity with `balancing.spill_to` "pool")."""
+        return pool.session_affinity and self.balancing.spill_to == "pool"
 
     def pool_of(self, model: str) -> PoolConfig | None:
         """The pool serving `model` (a model or a LoRA adapter), or None when no pool does."""

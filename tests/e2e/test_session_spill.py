@@ -1,7 +1,8 @@
 """Keyed traffic stays load-aware, through a real Envoy: a session key sticks to its pod
 while that pod is healthy and does not queue; when it queues, new requests of its keys go
-to the next pod on the ring, stay there while its batch is still full, and come back once
-it has room. Keys of other pods never move."""
+to the other pods (balanced by the pool's weights through the spill listener, or with
+`spill_to: ring` each key to the next pod of its Maglev permutation), stay off while its
+batch is still full, and come back once it has room. Keys of other pods never move."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from tests.e2e.conftest import eventually
@@ -65,14 +67,17 @@ class Pod:
             await runner.cleanup()
 
 
-async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spill_to", ["pool", "ring"])
+async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(
+    tmp_path: Path, spill_to: str
+) -> None:
     async with contextlib.AsyncExitStack() as stack:
         pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
         config = RoutingConfig.model_validate(
             {
                 "listener": {"address": "127.0.0.1", "port": 0},
                 "updates": {"debounce_s": 0.02},
-                "balancing": {"scrape_interval_s": 0.1, "smoothing": 1.0},
+                "balancing": {"scrape_interval_s": 0.1, "smoothing": 1.0, "spill_to": spill_to},
                 "pools": [
                     {
                         "name": "gpu",
@@ -120,6 +125,14 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(tmp_pat
             assert await served(key) == cold, key
         for key in (k for k, p in home.items() if p not in (hot, cold)):
             assert await served(key) == home[key], key
+        # Where one spilled key goes: with "pool", round the other pods by their (equal)
+        # weights; with "ring", always the one next pod of its permutation.
+        where = {await served(hot_keys[0]) for _ in range(8)}
+        others = {p.port for p in pods[1:]}
+        if spill_to == "pool":
+            assert where == others
+        else:
+            assert len(where) == 1 and where < others
 
         # Its queue drains, its batch still full: the keys stay off (back now, they would
         # queue at once), for ten scrape intervals and more.

@@ -14,7 +14,14 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
 from google.protobuf import json_format
 
 from xds_server.config import RoutingConfig
-from xds_server.envoy import build_clusters, build_endpoints, build_listeners, build_routes
+from xds_server.envoy import (
+    build_clusters,
+    build_endpoints,
+    build_listeners,
+    build_routes,
+    render_bootstrap,
+)
+from xds_server.policy.decision import Decision
 
 __all__ = ["hcm_of", "static_bootstrap"]
 
@@ -26,18 +33,19 @@ def hcm_of(listener: Any) -> Any:
     return hcm
 
 
-def static_bootstrap(config: RoutingConfig) -> dict[str, Any]:
-    """A bootstrap dict serving `config` from static resources (admin is left to the
-    caller: EnvoyProcess sets it)."""
-    (route_config,) = build_routes(config)
+def static_bootstrap(config: RoutingConfig, decision: Decision | None = None) -> dict[str, Any]:
+    """A bootstrap dict serving `config` from static resources, with the endpoints of
+    `decision` (else the config's; admin is left to the caller: EnvoyProcess sets it)."""
+    route_configs = {r.name: r for r in build_routes(config)}
     listeners = []
     for listener in build_listeners(config):
         hcm = hcm_of(listener)
+        route_config = route_configs[hcm.rds.route_config_name]
         hcm.ClearField("rds")
         hcm.route_config.CopyFrom(route_config)
         listener.filter_chains[0].filters[0].typed_config.Pack(hcm)
         listeners.append(listener)
-    assignments = {cla.cluster_name: cla for cla in build_endpoints(config)}
+    assignments = {cla.cluster_name: cla for cla in build_endpoints(config, decision)}
     clusters = []
     for cluster in build_clusters(config):
         cla = assignments[cluster.eds_cluster_config.service_name]
@@ -47,10 +55,17 @@ def static_bootstrap(config: RoutingConfig) -> dict[str, Any]:
         cluster.load_assignment.cluster_name = cluster.name
         clusters.append(cluster)
     return {
+        "bootstrap_extensions": render_bootstrap(
+            xds_address="127.0.0.1",
+            xds_port=1,
+            node_id="static",
+            node_cluster="static",
+            admin_port=0,
+        )["bootstrap_extensions"],
         "static_resources": {
             "listeners": [_to_dict(m) for m in listeners],
             "clusters": [_to_dict(m) for m in clusters],
-        }
+        },
     }
 
 

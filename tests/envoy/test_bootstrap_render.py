@@ -8,6 +8,7 @@ import yaml
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 
 # Also imported so that ParseDict can resolve the bootstrap's Any payloads.
+from envoy.extensions.bootstrap.internal_listener.v3 import internal_listener_pb2
 from envoy.extensions.resource_monitors.downstream_connections.v3 import (
     downstream_connections_pb2,
 )
@@ -92,6 +93,13 @@ def test_downstream_connections_are_capped() -> None:
     config = downstream_connections_pb2.DownstreamConnectionsConfig()
     assert monitor.typed_config.Unpack(config)
     assert config.max_active_downstream_connections == MAX_DOWNSTREAM_CONNECTIONS
+
+
+def test_internal_listeners_are_enabled() -> None:
+    # The spill listeners (listeners.py) are internal: Envoy refuses them without this.
+    (extension,) = _parse(_render()).bootstrap_extensions
+    assert extension.name == "envoy.bootstrap.internal_listener"
+    assert extension.typed_config.Unpack(internal_listener_pb2.InternalListener())
 
 
 def test_a_server_given_by_name_is_resolved_by_dns() -> None:

@@ -207,14 +207,8 @@ def test_a_draining_config_endpoint_is_draining(affinity_config: RoutingConfig) 
     assert endpoint["health"] == "DRAINING"
 
 
-def test_a_spilling_pod_is_degraded_in_the_pool_and_unhealthy_on_the_ring(
-    affinity_config: RoutingConfig,
-) -> None:
-    """A pod that queues or prefills a long prompt is DEGRADED in the pool's assignment
-    (nothing new while a healthy pod can take it all: the overprovisioning factor says one
-    can) and leaves the session assignment's healthy set: its keys go to the next pod until
-    it recovers. Only a HEALTHY pod is marked: a draining one stays draining."""
-    state = _state(
+def _spilling_state() -> Decision:
+    return _state(
         "llm",
         EndpointState(address="10.0.0.3", port=8001, weight=10, ring_weight=100_000, spilling=True),
         EndpointState(
@@ -227,20 +221,60 @@ def test_a_spilling_pod_is_degraded_in_the_pool_and_unhealthy_on_the_ring(
         ),
         EndpointState(address="10.0.0.9", port=8000, weight=900, ring_weight=100_000),
     )
-    by_pool = _by_pool(build_endpoints(affinity_config, state))
+
+
+def test_a_spilling_pod_is_degraded_in_the_pool_and_the_spill_listener_on_the_ring(
+    affinity_config: RoutingConfig,
+) -> None:
+    """A pod that queues or prefills a long prompt is DEGRADED in the pool's assignment
+    (nothing new while a healthy pod can take it all: the overprovisioning factor says one
+    can). In the session assignment it keeps its name and ring weight, so the Maglev table
+    does not change, but its address is the pool's spill listener: its keys' requests are
+    balanced over the pool until it recovers. Only a HEALTHY pod is marked: a draining one
+    stays draining, at its own address."""
+    by_pool = _by_pool(build_endpoints(affinity_config, _spilling_state()))
     assert [e["health"] for e in _endpoints(by_pool["llm"])] == [
         "DEGRADED",
         "DRAINING",
         "HEALTHY",
     ]
+    ring = by_pool["llm/session"].endpoints[0].lb_endpoints
+    assert [health_check_pb2.HealthStatus.Name(e.health_status) for e in ring] == [
+        "HEALTHY",
+        "DRAINING",
+        "HEALTHY",
+    ]
+    spilled = ring[0]
+    assert spilled.endpoint.hostname == "10.0.0.3:8001"
+    assert spilled.load_balancing_weight.value == 100_000
+    internal = spilled.endpoint.address.envoy_internal_address
+    assert (internal.server_listener_name, internal.endpoint_id) == ("llm/spill", "10.0.0.3:8001")
+    assert [e.endpoint.address.WhichOneof("address") for e in ring[1:]] == ["socket_address"] * 2
+    # Envoy's health of a priority: min(100, factor * healthy hosts / hosts): 100 with one.
+    assert by_pool["llm"].policy.overprovisioning_factor.value == 300
+    assert not by_pool["llm/session"].HasField("policy")
+
+
+def test_with_spill_to_ring_a_spilling_pod_leaves_the_ring(
+    affinity_config: RoutingConfig,
+) -> None:
+    """`spill_to: ring`: the pod is UNHEALTHY in the session assignment, so the Maglev table
+    skips it and each of its keys goes to the next pod of its permutation."""
+    config = affinity_config.model_copy(
+        update={"balancing": affinity_config.balancing.model_copy(update={"spill_to": "ring"})}
+    )
+    by_pool = _by_pool(build_endpoints(config, _spilling_state()))
     assert [e["health"] for e in _endpoints(by_pool["llm/session"])] == [
         "UNHEALTHY",
         "DRAINING",
         "HEALTHY",
     ]
-    # Envoy's health of a priority: min(100, factor * healthy hosts / hosts): 100 with one.
-    assert by_pool["llm"].policy.overprovisioning_factor.value == 300
-    assert not by_pool["llm/session"].HasField("policy")
+    assert _endpoints(by_pool["llm/session"])[0]["address"] == "10.0.0.3"
+    assert [e["health"] for e in _endpoints(by_pool["llm"])] == [
+        "DEGRADED",
+        "DRAINING",
+        "HEALTHY",
+    ]
 
 
 def test_endpoints_carry_their_names_as_hostnames(affinity_config: RoutingConfig) -> None:

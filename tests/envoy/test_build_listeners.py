@@ -30,7 +30,7 @@ from xds_server.envoy.listeners import (
 
 
 def test_one_listener_on_the_configured_address(config: RoutingConfig) -> None:
-    (listener,) = build_listeners(config)
+    listener = build_listeners(config)[0]
     assert listener.name == names.LISTENER_NAME
     assert listener.address.socket_address.address == "127.0.0.1"
     assert listener.address.socket_address.port_value == 8080
@@ -214,7 +214,7 @@ def test_replies_made_before_the_filters_are_json_by_status(config: RoutingConfi
 
 def test_ipv6_any_address_accepts_ipv4(config: RoutingConfig) -> None:
     listener_config = config.listener.model_copy(update={"address": "::"})
-    (listener,) = build_listeners(config.model_copy(update={"listener": listener_config}))
+    listener = build_listeners(config.model_copy(update={"listener": listener_config}))[0]
     assert listener.address.socket_address.ipv4_compat
 
 
@@ -325,3 +325,19 @@ def test_flow_control_maps_a_full_band_to_429_with_retry_after(config: RoutingCo
         "param": None,
         "code": "rate_limit_exceeded",
     }
+
+
+def test_a_session_pool_gets_an_internal_spill_listener(affinity_config: RoutingConfig) -> None:
+    main, spill = build_listeners(affinity_config)
+    assert main.name == names.LISTENER_NAME
+    assert spill.name == names.spill_listener_name("llm")
+    assert spill.HasField("internal_listener")
+    assert not spill.HasField("address")
+    hcm = hcm_of(spill)
+    assert hcm.rds.route_config_name == names.spill_listener_name("llm")
+    assert hcm.rds.config_source.HasField("ads")
+    # It only forwards: the request was read and routed by the listener.
+    assert [f.name for f in hcm.http_filters] == [ROUTER_FILTER]
+    assert hcm.local_reply_config == hcm_of(main).local_reply_config
+    balancing = affinity_config.balancing.model_copy(update={"spill_to": "ring"})
+    assert len(build_listeners(affinity_config.model_copy(update={"balancing": balancing}))) == 1

@@ -32,7 +32,7 @@ model_rewrites:
 
 
 def _routes(config: RoutingConfig) -> list[Any]:
-    (route_config,) = build_routes(config)
+    route_config = build_routes(config)[0]
     return list(route_config.virtual_hosts[0].routes)
 
 
@@ -253,11 +253,11 @@ def test_names_needing_json_escapes_stay_valid_json() -> None:
 
 
 def test_a_long_model_list_raises_envoys_direct_response_limit(config: RoutingConfig) -> None:
-    (route_config,) = build_routes(config)
+    route_config = build_routes(config)[0]
     assert route_config.max_direct_response_body_size_bytes.value == 4096
     adapters = tuple(f"adapter-{i:04d}-{'x' * 40}" for i in range(200))
     pool = config.pools[0].model_copy(update={"adapters": adapters})
-    (route_config,) = build_routes(config.model_copy(update={"pools": (pool, *config.pools[1:])}))
+    route_config = build_routes(config.model_copy(update={"pools": (pool, *config.pools[1:])}))[0]
     (listing,) = [r for r in route_config.virtual_hosts[0].routes if r.name == "models/list"]
     body = listing.direct_response.body.inline_string
     assert len(body) > 4096

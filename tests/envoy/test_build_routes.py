@@ -17,7 +17,7 @@ from xds_server.errors import ResourceBuildError
 
 
 def _routes(config: RoutingConfig) -> list[Any]:
-    (route_config,) = build_routes(config)
+    route_config = build_routes(config)[0]
     (virtual_host,) = route_config.virtual_hosts
     return list(virtual_host.routes)
 
@@ -39,7 +39,7 @@ def _metadata_value(route: Any) -> Any:
 
 
 def test_one_route_config_with_one_catch_all_virtual_host(config: RoutingConfig) -> None:
-    (route_config,) = build_routes(config)
+    route_config = build_routes(config)[0]
     assert route_config.name == names.ROUTE_CONFIG_NAME
     assert route_config.HasField("validate_clusters")
     assert not route_config.validate_clusters.value
@@ -501,9 +501,9 @@ def test_flow_control_caps_at_the_models_max_band() -> None:
 
 def test_band_routes_carry_band_pool_and_retry_after() -> None:
     config = parse_config(FLOW_YAML)
-    (route_config,) = build_routes(
+    route_config = build_routes(
         config, retry_after={("p", "sheddable"): 7, ("q", "sheddable"): 99}
-    )
+    )[0]
     routes = {r.name: r for r in route_config.virtual_hosts[0].routes}
     assert _band_metadata(routes["model/m/sheddable/band/sheddable"]) == {
         "band": "sheddable",
@@ -549,3 +549,41 @@ def test_flow_control_off_ignores_retry_after() -> None:
     config = parse_config(FLOW_YAML.replace("enabled: true", "enabled: false"))
     assert build_routes(config, retry_after={("p", "standard"): 9}) == build_routes(config)
     assert all(not r.HasField("metadata") for r in _routes(config))
+
+
+def test_a_session_pool_has_spill_routes_to_its_own_cluster(
+    affinity_config: RoutingConfig,
+) -> None:
+    """The spill listener's routes (listeners.py): an adapter's requests, told apart by the
+    model header the listener's route set, to its holders; anything else to the pool."""
+    main, spill = build_routes(affinity_config)
+    assert main.name == names.ROUTE_CONFIG_NAME
+    assert spill.name == names.spill_listener_name("llm") == "llm/spill"
+    (virtual_host,) = spill.virtual_hosts
+    by_name = {r.name: r for r in virtual_host.routes}
+    assert list(by_name) == ["spill/lora-b", "spill/lora-a", "spill"]
+    for adapter in ("lora-a", "lora-b"):
+        route = by_name[f"spill/{adapter}"]
+        (header,) = route.match.headers
+        assert (header.name, header.string_match.exact) == (names.ROUTED_MODEL_HEADER, adapter)
+        subset = route.route.metadata_match.filter_metadata[names.LB_METADATA_NAMESPACE]
+        assert dict(subset) == {names.LORA_KEY: adapter}
+    assert by_name["spill"].match.prefix == "/"
+    assert not by_name["spill"].route.HasField("metadata_match")
+    assert {r.route.cluster for r in by_name.values()} == {names.cluster_name("llm")}
+    assert not any(r.route.hash_policy for r in by_name.values())
+    assert all(r.route.retry_policy.num_retries.value > 0 for r in by_name.values())
+
+
+def test_no_spill_routes_with_spill_to_ring(affinity_config: RoutingConfig) -> None:
+    balancing = affinity_config.balancing.model_copy(update={"spill_to": "ring"})
+    config = affinity_config.model_copy(update={"balancing": balancing})
+    assert [r.name for r in build_routes(config)] == [names.ROUTE_CONFIG_NAME]
+
+
+def test_spill_routes_go_to_the_pool_cluster_not_a_band_cluster() -> None:
+    """The listener's route admitted the request in its band's session cluster: forwarded,
+    it is not counted against the band a second time."""
+    config = parse_config(AFFINITY_YAML + "flow_control: {enabled: true}\n")
+    spill = {r.name: r for r in build_routes(config)}["llm/spill"]
+    assert {r.route.cluster for r in spill.virtual_hosts[0].routes} == {"llm"}

@@ -202,6 +202,23 @@ def test_requests_in_flight_per_endpoint_are_summed_and_their_changes_told() -> 
     assert reports.in_progress_by_endpoint("p/long") == {}
 
 
+def test_an_internal_listener_endpoint_is_not_a_pod() -> None:
+    """A spilling pod's entry in a session cluster is the pool's spill listener: its
+    requests count in the cluster's total, but it is no pod's address."""
+    reports = LoadReports(Telemetry())
+    reports.open(1, base_pb2.Node(id="envoy-1", cluster="gateway"))
+    stats = _by_endpoint("p/session", ("10.0.0.1", 8000, 1))
+    spill = stats.upstream_locality_stats[0].upstream_endpoint_stats.add(
+        total_requests_in_progress=2
+    )
+    spill.address.envoy_internal_address.server_listener_name = "p/spill"
+    spill.address.envoy_internal_address.endpoint_id = "ns/pod-2"
+    stats.upstream_locality_stats[0].total_requests_in_progress = 3
+    reports.report(1, [stats])
+    assert reports.in_progress_by_endpoint("p/session") == {"10.0.0.1:8000": 1}
+    assert reports.in_progress("p/session") == 3
+
+
 def test_clusters_the_server_never_pushed_are_dropped_and_a_report_naming_too_many_refused(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

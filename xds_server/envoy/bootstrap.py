@@ -23,6 +23,7 @@ from xds_server.envoy import names
 __all__ = [
     "BootstrapTls",
     "CLIENT_CERT_SECRET",
+    "INTERNAL_LISTENER_EXTENSION",
     "MAX_DOWNSTREAM_CONNECTIONS",
     "SERVER_CA_SECRET",
     "render_bootstrap",
@@ -32,6 +33,8 @@ __all__ = [
 # A cap on client connections. Envoy warns at start-up without one, and an unbounded
 # number of idle connections is an easy way to exhaust file descriptors.
 MAX_DOWNSTREAM_CONNECTIONS = 50_000
+
+INTERNAL_LISTENER_EXTENSION = "envoy.bootstrap.internal_listener"
 
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -231,6 +234,20 @@ def render_bootstrap(
         "admin": {
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}
         },
+        # Internal listeners (no socket): a pool's spilling pods point its session
+        # requests at one (listeners.py, `balancing.spill_to`). Without this extension
+        # Envoy refuses those listeners.
+        "bootstrap_extensions": [
+            {
+                "name": INTERNAL_LISTENER_EXTENSION,
+                "typed_config": {
+                    "@type": (
+                        "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3."
+                        "InternalListener"
+                    )
+                },
+            }
+        ],
         "layered_runtime": {
             "layers": [
                 # Empty now; a named place for runtime defaults, overridden by the

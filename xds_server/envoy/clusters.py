@@ -34,9 +34,10 @@ weight, and a weight that followed load would move keys away from their cached p
 with every update. Load reaches it two ways: the bounded load (`hash_balance_factor`) skips
 a host already over that multiple of the mean in-flight load of this cluster, so a hot
 session spills over instead of piling onto one GPU; and a pod that queues by its metrics
-(all traffic counted, not only keyed) leaves the session assignment's healthy set
-(endpoints.py, `spilling`), so its keys go to the other pods until it recovers, while
-theirs stay put. Requests without a session key never reach it.
+(all traffic counted, not only keyed) spills (endpoints.py, `spilling`): its entry in the
+table points at the pool's spill listener (listeners.py), which balances its keys'
+requests over the pool's cluster until it recovers, while the other keys stay put.
+Requests without a session key never reach it.
 
 A GPU-aware pool (weights from metrics) also gets a cluster for its long prompts,
 `<pool>/long` (`balancing.long_prompt_bytes`; routes.py sends them there): a copy of the
@@ -207,12 +208,13 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     ClusterLoadAssignment (the same endpoints, weighted by capacity rather than load:
     names.session_eds_service_name).
 
-    Maglev, not ring hash: a pod that queues leaves the session assignment's healthy set
-    for a while (endpoints.py, `spilling`), and its keys must go to other pods without
-    moving theirs. Ring hash rebuilds its ring with more points per remaining host, so
-    about one key in eight of the other pods moved too (4 pods, simulated); Maglev's
-    table keeps the other pods' entries (0.05% moved) and takes them back on return. It
-    hashes each endpoint's hostname, its name (endpoints.py), not its address."""
+    Maglev, not ring hash: with `balancing.spill_to` "ring", a pod that queues leaves the
+    session assignment's healthy set for a while (endpoints.py, `spilling`), and its keys
+    must go to other pods without moving theirs. Ring hash rebuilds its ring with more
+    points per remaining host, so about one key in eight of the other pods moved too (4
+    pods, simulated); Maglev's table keeps the other pods' entries (0.05% moved) and takes
+    them back on return. It hashes each endpoint's hostname, its name (endpoints.py),
+    not its address."""
     maglev = extension_pb2.TypedExtensionConfig(
         name=MAGLEV_POLICY,
         typed_config=_protos.pack(

@@ -13,9 +13,14 @@ there; any other pool takes them from the config, as written. Per endpoint:
 - `health_status`: HEALTHY, DRAINING (finishes what it has, gets nothing new, and does not
   count against the pool's health) or UNHEALTHY (stale metrics: out of rotation). Config
   endpoints carry none (UNKNOWN), which Envoy treats as healthy. A pod that queues or
-  prefills a long prompt (`spilling`) is, in a session assignment, UNHEALTHY: Envoy's
-  Maglev table skips it, so its keys go to other pods until it recovers, and (nearly) no
-  other key moves. In the pool's assignment it is DEGRADED: Envoy sends a degraded host
+  prefills a long prompt (`spilling`) leaves the session assignment's rotation until it
+  recovers, without moving any other pod's key. With `balancing.spill_to` "pool" (the
+  default) it keeps its entry there, under its name and weight, so the Maglev table is
+  the same, but its address is the pool's internal listener (names.spill_listener_name,
+  the pod's name as `endpoint_id`), which passes its keys' requests on to the pool's
+  cluster, balanced by load like unkeyed ones. With "ring" it is UNHEALTHY there: the
+  table skips it and each of its keys goes to the next pod of the key's permutation,
+  loaded or not. In the pool's assignment it is DEGRADED: Envoy sends a degraded host
   nothing while the healthy ones can take all the traffic, and the assignment's
   `overprovisioning_factor` (100 per endpoint: Envoy's 140 would send 30% of the traffic
   to the degraded half of a pool) says one healthy host can. A weight cut alone
@@ -89,7 +94,12 @@ def build_endpoints(config: RoutingConfig, decision: Decision | None = None) -> 
             if pool_state is None:
                 lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
             else:
-                lb_endpoints = [_from_state(pool, e, ring=ring) for e in checked]
+                spill_listener = (
+                    names.spill_listener_name(pool.name) if ring and config.spills(pool) else None
+                )
+                lb_endpoints = [
+                    _from_state(pool, e, ring=ring, spill_listener=spill_listener) for e in checked
+                ]
             assignment = endpoint_pb2.ClusterLoadAssignment(
                 cluster_name=names.session_eds_service_name(pool.name)
                 if ring
@@ -138,7 +148,11 @@ def _from_config(pool: PoolConfig, endpoint: EndpointConfig) -> _Any:
     return lb_endpoint
 
 
-def _from_state(pool: PoolConfig, endpoint: EndpointState, *, ring: bool) -> _Any:
+def _from_state(
+    pool: PoolConfig, endpoint: EndpointState, *, ring: bool, spill_listener: str | None
+) -> _Any:
+    """`endpoint` in the pool's assignment, or with `ring` in its session assignment, where
+    a spilling pod is sent to `spill_listener` (or, when None, out of rotation)."""
     adapters = endpoint.adapters if endpoint.health is Health.HEALTHY else ()
     weight = endpoint.weight
     if ring and endpoint.ring_weight is not None:
@@ -152,9 +166,18 @@ def _from_state(pool: PoolConfig, endpoint: EndpointState, *, ring: bool) -> _An
     )
     lb_endpoint.health_status = HEALTH_STATUS[endpoint.health]
     if endpoint.spilling and endpoint.health is Health.HEALTHY:
-        lb_endpoint.health_status = (
-            HEALTH_STATUS[Health.UNHEALTHY] if ring else health_check_pb2.DEGRADED
-        )
+        if not ring:
+            lb_endpoint.health_status = health_check_pb2.DEGRADED
+        elif spill_listener is None:
+            lb_endpoint.health_status = HEALTH_STATUS[Health.UNHEALTHY]
+        else:
+            lb_endpoint.endpoint.address.CopyFrom(
+                address_pb2.Address(
+                    envoy_internal_address=address_pb2.EnvoyInternalAddress(
+                        server_listener_name=spill_listener, endpoint_id=endpoint.ring_key
+                    )
+                )
+            )
     return lb_endpoint
 
 

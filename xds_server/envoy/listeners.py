@@ -155,7 +155,8 @@ JSON_CONTENT_TYPES = r"(?i)application/json\s*(;.*)?"
 
 
 def build_listeners(config: RoutingConfig) -> list[_Any]:
-    """The listeners for `config`: exactly one, named names.LISTENER_NAME."""
+    """The listeners for `config`: names.LISTENER_NAME, then the spill listener of each pool
+    whose spilling pods send their keys there (`_spill_listener`), in config order."""
     listen = config.listener
     socket = address_pb2.SocketAddress(
         address=listen.address,
@@ -177,8 +178,50 @@ def build_listeners(config: RoutingConfig) -> list[_Any]:
                     ]
                 )
             ],
-        )
+        ),
+        *(_spill_listener(config, pool.name) for pool in config.pools if config.spills(pool)),
     ]
+
+
+def _spill_listener(config: RoutingConfig, pool: str) -> _Any:
+    """`pool`'s internal listener (Envoy's `envoy.bootstrap.internal_listener`, no socket):
+    the address of a spilling pod in the session assignment (endpoints.py). Its routes
+    (RDS, routes.build_spill_routes) send each request on to the pool's cluster, balanced
+    by the load-following weights, on which the spilling pod is DEGRADED. The request was
+    read, routed and admitted by the listener; this one only forwards, with its own
+    replies made JSON the same way."""
+    name = names.spill_listener_name(pool)
+    hcm = hcm_pb2.HttpConnectionManager(
+        stat_prefix=f"{names.HCM_STAT_PREFIX}_spill_{pool}",
+        codec_type=hcm_pb2.HttpConnectionManager.AUTO,
+        rds=_rds(name),
+        stream_idle_timeout=_protos.duration(config.listener.stream_idle_timeout_s),
+        http_filters=[
+            hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_protos.pack(router_pb2.Router()))
+        ],
+        local_reply_config=_local_replies(config),
+    )
+    return listener_pb2.Listener(
+        name=name,
+        internal_listener=listener_pb2.Listener.InternalListenerConfig(),
+        filter_chains=[
+            listener_components_pb2.FilterChain(
+                filters=[
+                    listener_components_pb2.Filter(name=HCM_FILTER, typed_config=_protos.pack(hcm))
+                ]
+            )
+        ],
+    )
+
+
+def _rds(route_config_name: str) -> _Any:
+    return hcm_pb2.Rds(
+        config_source=config_source_pb2.ConfigSource(
+            ads=config_source_pb2.AggregatedConfigSource(),
+            resource_api_version=config_source_pb2.V3,
+        ),
+        route_config_name=route_config_name,
+    )
 
 
 def build_http_connection_manager(config: RoutingConfig) -> _Any:
@@ -187,13 +230,7 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
     return hcm_pb2.HttpConnectionManager(
         stat_prefix=names.HCM_STAT_PREFIX,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
-        rds=hcm_pb2.Rds(
-            config_source=config_source_pb2.ConfigSource(
-                ads=config_source_pb2.AggregatedConfigSource(),
-                resource_api_version=config_source_pb2.V3,
-            ),
-            route_config_name=names.ROUTE_CONFIG_NAME,
-        ),
+        rds=_rds(names.ROUTE_CONFIG_NAME),
         # The request-wide timeout is per route (routes.py); this one only resets streams
         # that go quiet in both directions, so a long generation that streams survives.
         stream_idle_timeout=_protos.duration(listen.stream_idle_timeout_s),
@@ -347,8 +384,7 @@ def _local_replies(config: RoutingConfig) -> _Any:
             _flagged(
                 ["UO"],
                 code="overloaded",
-                message="The gateway has too many requests in flight for this model; retry "
-                "later.",
+                message="The gateway has too many requests in flight for this model; retry later.",
                 retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
             )
         )

@@ -47,6 +47,7 @@ __all__ = [
     "SESSION_CLUSTER_SUFFIX",
     "SESSION_HEADER",
     "SESSION_KEY",
+    "SPILL_LISTENER_SUFFIX",
     "UNROUTED_CLUSTER",
     "VIRTUAL_HOST_NAME",
     "XDS_CLUSTER",
@@ -58,6 +59,7 @@ __all__ = [
     "long_prompt_clusters",
     "session_cluster_name",
     "session_eds_service_name",
+    "spill_listener_name",
 ]
 
 # The one listener that accepts OpenAI-style traffic, and its connection manager's stats
@@ -109,6 +111,11 @@ SESSION_HEADER = "x-session-id"
 SESSION_BODY_KEYS = ("prompt_cache_key", "user")
 SESSION_KEY = "session_key"
 SESSION_CLUSTER_SUFFIX = "/session"
+# With `balancing.spill_to` "pool", a pod that spills stays in the session assignment
+# under its name, its address the pool's internal listener `<pool>/spill` (listeners.py),
+# whose routes send the request on to the pool's cluster: the Maglev table does not
+# change, and the pod's keys are balanced by load instead of by hash while it spills.
+SPILL_LISTENER_SUFFIX = "/spill"
 
 # Requests whose content-length says their prompt is long go to `<pool>/long` (routes.py):
 # the same endpoints and balancing, counted apart in the load reports, so that the policy
@@ -156,6 +163,11 @@ def session_eds_service_name(pool: str) -> str:
 def session_cluster_name(pool: str) -> str:
     """The consistent-hashing Cluster of `pool` (session affinity), on the pool's endpoints."""
     return pool + SESSION_CLUSTER_SUFFIX
+
+
+def spill_listener_name(pool: str) -> str:
+    """The internal listener that takes the session requests of `pool`'s spilling pods."""
+    return pool + SPILL_LISTENER_SUFFIX
 
 
 def lane_cluster_name(pool: str, lane: Lane) -> str:

@@ -171,6 +171,7 @@ __all__ = [
     "RETRY_ON",
     "SESSION_KEY_REGEX",
     "build_routes",
+    "build_spill_routes",
     "retry_after_of",
 ]
 
@@ -236,7 +237,8 @@ _HEADER_UNSAFE = frozenset("\r\n\0")
 def build_routes(
     config: RoutingConfig, retry_after: Mapping[tuple[str, Band], int] | None = None
 ) -> list[_Any]:
-    """The route configurations for `config`: exactly one, named names.ROUTE_CONFIG_NAME.
+    """The route configurations for `config`: the listener's, named names.ROUTE_CONFIG_NAME,
+    then one per spill listener (build_spill_routes), in config order.
 
     `retry_after` gives, per (pool name, band), the seconds a refused request of that band
     is told to wait (the policy's expected drain time); a pair it lacks, or None, gets
@@ -323,6 +325,7 @@ def build_routes(
         # Replaces the deprecated per_request_buffer_limit_bytes (both work on 1.40).
         request_body_buffer_limit=wrappers_pb2.UInt64Value(value=config.listener.max_request_bytes),
     )
+    spills = [build_spill_routes(config, pool) for pool in config.pools if config.spills(pool)]
     return [
         route_pb2.RouteConfiguration(
             name=names.ROUTE_CONFIG_NAME,
@@ -334,8 +337,45 @@ def build_routes(
             max_direct_response_body_size_bytes=wrappers_pb2.UInt32Value(
                 value=max(_DEFAULT_DIRECT_RESPONSE_BYTES, *map(_body_bytes, routes))
             ),
-        )
+        ),
+        *spills,
     ]
+
+
+def build_spill_routes(config: RoutingConfig, pool: PoolConfig) -> _Any:
+    """The routes of `pool`'s spill listener (listeners.py): every request to the pool's
+    own cluster, an adapter's to its holders' subset. The request was routed and admitted
+    on the way in (its band's session cluster counted it), and names.ROUTED_MODEL_HEADER
+    says which model it was routed by: a LoRA adapter's requests are told apart by it."""
+    cluster = names.cluster_name(pool.name)
+    routes = []
+    for adapter in pool.adapters:
+        match = rc_pb2.RouteMatch(
+            prefix="/",
+            headers=[
+                rc_pb2.HeaderMatcher(
+                    name=names.ROUTED_MODEL_HEADER,
+                    string_match=string_pb2.StringMatcher(exact=adapter),
+                )
+            ],
+        )
+        action = _action(config, cluster, adapter, adapter=True, hashed=False)
+        routes.append(rc_pb2.Route(name=f"spill/{adapter}", match=match, route=action))
+    action = _action(config, cluster, "", adapter=False, hashed=False)
+    routes.append(rc_pb2.Route(name="spill", match=rc_pb2.RouteMatch(prefix="/"), route=action))
+    return route_pb2.RouteConfiguration(
+        name=names.spill_listener_name(pool.name),
+        virtual_hosts=[
+            rc_pb2.VirtualHost(
+                name=names.VIRTUAL_HOST_NAME,
+                domains=["*"],
+                routes=routes,
+                request_body_buffer_limit=wrappers_pb2.UInt64Value(
+                    value=config.listener.max_request_bytes
+                ),
+            )
+        ],
+    )
 
 
 def retry_after_of(admissions: Mapping[str, PoolAdmission]) -> dict[tuple[str, Band], int]:

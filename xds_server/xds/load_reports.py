@@ -15,7 +15,9 @@ requests finish in an otherwise idle window; `in_progress` is always exact.
 
 The server asks for endpoint granularity too (`report_endpoint_granularity`, Envoy 1.40):
 each locality then lists `upstream_endpoint_stats`, so the requests in flight are also
-known per endpoint ("address:port").
+known per endpoint ("address:port"). An endpoint without a socket address (a spilling pod's
+entry in a session cluster, which is an internal listener: listeners.py) is not a pod and
+is left out; the requests it forwards are counted in the pool's cluster.
 
 One entry per open LRS stream (an Envoy, one stream each: a newer stream of the same node
 replaces the older); it is forgotten when the stream closes, so sums are over the Envoys
@@ -97,7 +99,9 @@ class ClusterLoad:
         by_endpoint: dict[str, int] = {}
         for locality in localities:
             for endpoint in locality.upstream_endpoint_stats:
-                if endpoint.total_requests_in_progress:
+                if endpoint.total_requests_in_progress and endpoint.address.HasField(
+                    "socket_address"
+                ):
                     address = endpoint.address.socket_address
                     key = f"{address.address}:{address.port_value}"
                     by_endpoint[key] = by_endpoint.get(key, 0) + endpoint.total_requests_in_progress
