@@ -16,7 +16,11 @@ import pytest
 from aiohttp import web
 
 from tests.e2e.conftest import eventually
+from xds_server.app import XdsApplication
 from xds_server.config import RoutingConfig
+from xds_server.envoy import names, render_bootstrap
+from xds_server.settings import ServerSettings
+from xds_testbed.envoy_process import EnvoyProcess
 from xds_testbed.gateway import run_local_gateway
 
 POD_HEADER = "x-test-pod"
@@ -67,38 +71,46 @@ class Pod:
             await runner.cleanup()
 
 
+def _config(pods: list[Pod], spill_to: str) -> RoutingConfig:
+    return RoutingConfig.model_validate(
+        {
+            "listener": {"address": "127.0.0.1", "port": 0},
+            "updates": {"debounce_s": 0.02},
+            "balancing": {"scrape_interval_s": 0.1, "smoothing": 1.0, "spill_to": spill_to},
+            "pools": [
+                {
+                    "name": "gpu",
+                    "models": ["m"],
+                    "session_affinity": True,
+                    "batch_limit": 16,
+                    "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in pods],
+                }
+            ],
+        }
+    )
+
+
+async def _served(http: aiohttp.ClientSession, url: str, user: str) -> int:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": user}
+    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        return int(response.headers[POD_HEADER])
+
+
 @pytest.mark.parametrize("spill_to", ["pool", "ring"])
 async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(
     tmp_path: Path, spill_to: str
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
-        config = RoutingConfig.model_validate(
-            {
-                "listener": {"address": "127.0.0.1", "port": 0},
-                "updates": {"debounce_s": 0.02},
-                "balancing": {"scrape_interval_s": 0.1, "smoothing": 1.0, "spill_to": spill_to},
-                "pools": [
-                    {
-                        "name": "gpu",
-                        "models": ["m"],
-                        "session_affinity": True,
-                        "batch_limit": 16,
-                        "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in pods],
-                    }
-                ],
-            }
-        )
+        config = _config(pods, spill_to)
         path = tmp_path / "config.yaml"
         path.write_text(config.model_dump_json())
         gateway = await stack.enter_async_context(run_local_gateway(path, config_poll_s=3600))
         http = await stack.enter_async_context(aiohttp.ClientSession())
 
         async def served(user: str) -> int:
-            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": user}
-            async with http.post(f"{gateway.url}/v1/chat/completions", json=body) as response:
-                assert response.status == 200, await response.text()
-                return int(response.headers[POD_HEADER])
+            return await _served(http, gateway.url, user)
 
         # Where each of 60 keys lives while no pod queues (all three pods in rotation).
         async def homes() -> dict[str, int] | None:
@@ -153,3 +165,47 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(
 
         await eventually(returned, within_s=20, what="the hot pod's keys to come back")
         assert {k: await served(k) for k in home} == home
+
+
+async def test_without_the_internal_listener_extension_spilled_keys_are_retried_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """An Envoy whose bootstrap lacks `envoy.bootstrap.internal_listener` refuses the spill
+    listener (a NACK, counted, naming it) and applies the rest. A spilling pod's keys then
+    fail to connect to it, and Envoy's retries serve them on other pods: nothing is lost,
+    and the hot pod gets none of them."""
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
+        path = tmp_path / "config.yaml"
+        path.write_text(_config(pods, "pool").model_dump_json())
+        settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=3600)
+        app = await stack.enter_async_context(XdsApplication(settings))
+        await app.wait_ready(within_s=20)
+        bootstrap = render_bootstrap(
+            xds_address="127.0.0.1", xds_port=app.xds_port, node_id="old-bootstrap",
+            node_cluster="e2e", admin_port=0,
+        )  # fmt: skip
+        del bootstrap["bootstrap_extensions"]
+        envoy = await stack.enter_async_context(EnvoyProcess(bootstrap))
+        await envoy.wait_live(timeout=20)
+        url = f"http://127.0.0.1:{await envoy.listener_port(names.LISTENER_NAME)}"
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        nacks = app.telemetry.registry.get_sample_value("xds_nacks_total", {"type": "lds"})
+        assert nacks is not None and nacks >= 1
+
+        hot = pods[0].port
+
+        async def hot_keys() -> list[str] | None:
+            keys = [f"user-{i}" for i in range(30)]
+            found = [k for k in keys if await _served(http, url, k) == hot]
+            return found or None
+
+        keys = await eventually(hot_keys, within_s=20, what="keys on the hot pod")
+        pods[0].running, pods[0].waiting = 16, 8
+
+        async def spilled() -> bool:
+            return all([await _served(http, url, k) != hot for k in keys])
+
+        await eventually(spilled, within_s=20, what="the hot pod's keys to spill")
+        stats = await envoy.get_stats(r"^cluster\.gpu/session\.upstream_rq_retry_success$")
+        assert stats["cluster.gpu/session.upstream_rq_retry_success"] >= 1
