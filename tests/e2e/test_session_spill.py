@@ -190,8 +190,12 @@ async def test_without_the_internal_listener_extension_spilled_keys_are_retried_
         await envoy.wait_live(timeout=20)
         url = f"http://127.0.0.1:{await envoy.listener_port(names.LISTENER_NAME)}"
         http = await stack.enter_async_context(aiohttp.ClientSession())
-        nacks = app.telemetry.registry.get_sample_value("xds_nacks_total", {"type": "lds"})
-        assert nacks is not None and nacks >= 1
+        registry = app.telemetry.registry
+        await eventually(
+            lambda: registry.get_sample_value("xds_nacks_total", {"type": "lds"}),
+            within_s=20,
+            what="the listeners' NACK",
+        )
 
         hot = pods[0].port
 
