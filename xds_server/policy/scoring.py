@@ -49,8 +49,8 @@ EDS pushes or swings between Envoys. A pool with session affinity also gets ring
 the capacity factor alone on the same ladder: consistent hashing sizes each pod's share of
 the keys by its weight, and keys that moved with load would lose their cached prefixes
 (envoy/clusters.py). Load moves keys another way: a pod loaded beyond the others, or near
-its pool's `batch_limit`, leaves the session table for a while (`spilling`, _spilling), and
-is DEGRADED in the pool with its weight cut, as for a long prompt.
+its pool's `batch_limit`, sends its keys to other pods for a while (`spilling`, _spilling;
+envoy/endpoints.py), and is DEGRADED in the pool with its weight cut, as for a long prompt.
 
 Health: a pod whose scrapes could not connect at all (refused, reset: `PodSignals.down`)
 is UNHEALTHY at the next decision, and HEALTHY again once a scrape succeeds; a pod that has
@@ -325,8 +325,8 @@ def _spilling(
     more: released at its first short queue, a full pod took its keys back with no free
     slot and queued again at once (scenario h: 19 spills of 0.75 s in 64 s, P99 TTFT 2 s).
 
-    At most half the healthy pods spill, the most loaded first: Maglev gives a spilled
-    pod's keys to the others, and with three of four out one pod took every key."""
+    At most half the healthy pods spill, the most loaded first: a spilled pod's keys go to
+    the others, and with three of four out one pod took every key."""
     if not pool.session_affinity:
         return frozenset()
     limit = pool.batch_limit

@@ -39,10 +39,11 @@ class EndpointState:
     hardware: str | None = None
     # Long prompts holding the pod (prefilling, as the Envoys told): its weight is cut for them.
     long_prompts: int = 0
-    # The pod queues or prefills a long prompt: for now off the session-affinity table
-    # (UNHEALTHY in the session assignment), so new requests of its keys go to other pods
-    # and come back when it recovers (other pods' keys do not move), and DEGRADED in the
-    # pool's assignment, so it gets no new request while another pod is healthy.
+    # The pod queues or prefills a long prompt: for now its keys' new requests go to other
+    # pods (its session-table entries point at the pool's spill listener, or with
+    # `spill_to: ring` it is UNHEALTHY there; envoy/endpoints.py) and come back when it
+    # recovers (other pods' keys do not move), and it is DEGRADED in the pool's
+    # assignment, so it gets no new request while another pod is healthy.
     spilling: bool = False
 
     @property

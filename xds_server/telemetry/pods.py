@@ -43,7 +43,7 @@ _FAMILIES = {
     "spilling": (
         "xds_pod_spilling",
         "1 while the pod queues or prefills a long prompt: DEGRADED in its pool (nothing new"
-        " while another pod is healthy) and off the session-affinity table, else 0.",
+        " while another pod is healthy) and its session keys sent to other pods, else 0.",
     ),
     "age": ("xds_pod_metrics_age_seconds", "Age of the pod's last good metrics."),
     "errors": ("xds_pod_scrape_errors_in_a_row", "Failed scrapes since the last good one."),
