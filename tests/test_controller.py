@@ -407,3 +407,47 @@ async def test_cancelled_as_it_is_woken_the_controller_stops() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
+
+
+SESSION_POOL = """
+updates: {debounce_s: 0.05}
+pools:
+  - name: gpu
+    models: [m]
+    session_affinity: true
+    endpoints: [{address: 10.0.0.1, port: 8000}]
+"""
+
+
+@pytest.mark.looptime
+async def test_an_envoy_refusing_the_spill_listener_turns_spills_to_the_ring(running) -> None:  # type: ignore[no-untyped-def]
+    controller, _, telemetry = running
+    controller.submit(parse_config(SESSION_POOL))
+    first = await asyncio.wait_for(controller.settled(), 2)
+    assert first is not None and "gpu/spill" in first.resources[ResourceType.LISTENER]
+    # Other NACKs change nothing: another type, another listener, or no listener named.
+    controller.envoy_rejected("n", ResourceType.CLUSTER, "'gpu/spill': cluster trouble")
+    controller.envoy_rejected("n", ResourceType.LISTENER, "error adding listener 'other'")
+    controller.envoy_rejected("n", ResourceType.LISTENER, "gpu/spillover is not a name here")
+    assert controller.spill_fallback is None
+    assert telemetry.registry.get_sample_value("xds_spill_to_ring_fallback") == 0
+    controller.envoy_rejected(
+        "old",
+        ResourceType.LISTENER,
+        "Error adding/updating listener(s) gpu/spill: error adding listener named 'gpu/spill':"
+        " InternalListener bootstrap extension is mandatory\n",
+    )
+    assert controller.spill_fallback is not None and "'old'" in controller.spill_fallback
+    assert telemetry.registry.get_sample_value("xds_spill_to_ring_fallback") == 1
+    await asyncio.sleep(0.1)
+    snapshot = await asyncio.wait_for(controller.settled(), 2)
+    assert snapshot is not None
+    assert "gpu/spill" not in snapshot.resources[ResourceType.LISTENER]
+    assert "gpu/spill" not in snapshot.resources[ResourceType.ROUTE]
+    # The config as given is still what the server reports; it stays "ring" after a change.
+    assert controller.config is not None and controller.config.balancing.spill_to == "pool"
+    controller.submit(parse_config(SESSION_POOL.replace("port: 8000", "port: 8001")))
+    await asyncio.sleep(0.1)
+    changed = await asyncio.wait_for(controller.settled(), 2)
+    assert changed is not None and changed is not snapshot
+    assert "gpu/spill" not in changed.resources[ResourceType.LISTENER]

@@ -18,7 +18,8 @@ default (`default_debug_port`; 0 picks a free port, as tests do).
                  limits per pool and band, and each band's fleet-wide budget
 /debug/snapshot  the snapshot of every group: versions and resource names; and the
                  versions of each Envoy that has its own admission limits
-/debug/config    the routing config in force, the last config error, and on Kubernetes the
+/debug/config    the routing config in force, the last config error, why spilled keys go
+                 to the ring if an Envoy refused a spill listener, and on Kubernetes the
                  watches, objectives and objects that could not be used
 
 Why two listeners: the debug views show the whole routing config, every Envoy's node id
@@ -143,6 +144,7 @@ def make_debug_app(
             {
                 "config": None if current is None else current.model_dump(mode="json"),
                 "last_error": controller.last_error,
+                "spill_fallback": controller.spill_fallback,
                 "kubernetes": None if discovery is None else discovery.debug(),
             }
         )

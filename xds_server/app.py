@@ -126,7 +126,7 @@ class XdsApplication:
         self.load_reports.subscribe(self.controller.load_changed)
         self.long_prompts.subscribe(self.controller.load_changed)
         self.peers.subscribe(self.controller.peers_changed)
-        self.registry.subscribe(self.controller.envoy_connected)
+        self.registry.subscribe(self.controller.envoy_connected, self.controller.envoy_rejected)
         scrape_telemetry = ScrapeTelemetry(self.telemetry.registry)
         self.scraper = Scraper(
             store,

@@ -107,6 +107,11 @@ class Controller:
         self._first_config_at: float | None = None
         # When the last decision due to load (a long prompt) was scheduled.
         self._last_load_decision = float("-inf")
+        # Why spilled keys go to the ring although the config says "pool": an Envoy
+        # refused a spill listener (`envoy_rejected`); None while they go to the pool.
+        self.spill_fallback: str | None = None
+        # The config accepted last and its copy with `spill_to` "ring" (`_in_force`).
+        self._ring_config: tuple[RoutingConfig, RoutingConfig] | None = None
         self.snapshot: Snapshot | None = None
         self.decision = Decision()
 
@@ -158,6 +163,48 @@ class Controller:
         config = self._config
         if config is not None and config.flow_control.enabled:
             self._schedule(extend=False, now=True)
+
+    def envoy_rejected(self, node_id: str, resource_type: ResourceType, error: str) -> None:
+        """An Envoy NACKed a response. One that refuses a pool's spill listener (its
+        bootstrap lacks `envoy.bootstrap.internal_listener`, say) would send the keys of a
+        spilling pod to a listener it does not have, and fail them: from then on, while
+        this server runs, every Envoy is sent the `spill_to: ring` config instead (a
+        spilling pod's keys go to the next pod of their Maglev permutation), which every
+        Envoy takes. Logged and exported (`xds_spill_to_ring_fallback`)."""
+        config = self._config
+        if (
+            resource_type is not ResourceType.LISTENER
+            or config is None
+            or self.spill_fallback is not None
+        ):
+            return
+        refused = [
+            names.spill_listener_name(p.name)
+            for p in config.pools
+            if config.spills(p) and f"'{names.spill_listener_name(p.name)}'" in error
+        ]
+        if not refused:
+            return
+        self.spill_fallback = f"node {node_id!r} refused {', '.join(refused)}: {error.strip()}"
+        self._telemetry.spill_to_ring.set(1)
+        logger.warning(
+            "Node %r refused the spill listener %s; without it, the keys of a spilling pod"
+            " would fail there. Every Envoy now gets `balancing.spill_to: ring` (a spilling"
+            " pod's keys go to the next pod of their ring) until this server restarts.",
+            node_id,
+            ", ".join(refused),
+        )
+        self._schedule(extend=False, now=True)
+
+    def _in_force(self, config: RoutingConfig) -> RoutingConfig:
+        """`config` as sent to Envoy: with `spill_to` "ring" once an Envoy refused a spill
+        listener (`envoy_rejected`)."""
+        if self.spill_fallback is None or config.balancing.spill_to == "ring":
+            return config
+        if self._ring_config is None or self._ring_config[0] is not config:
+            balancing = config.balancing.model_copy(update={"spill_to": "ring"})
+            self._ring_config = (config, config.model_copy(update={"balancing": balancing}))
+        return self._ring_config[1]
 
     def load_changed(self, clusters: Set[str]) -> None:
         """The Envoys' access log or load reports changed the requests in flight per endpoint
@@ -273,8 +320,8 @@ class Controller:
         return not expected <= inputs.signals.keys()
 
     def _apply(self) -> None:
-        config = self._config
-        assert config is not None
+        assert self._config is not None
+        config = self._in_force(self._config)
         inputs = self._inputs(config)
         if self._warming(config, inputs):
             # Decide again on the next scrape (metrics_changed) or interval, whichever first.

@@ -167,14 +167,13 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(
         assert {k: await served(k) for k in home} == home
 
 
-async def test_without_the_internal_listener_extension_only_the_spill_listener_is_refused(
+async def test_an_envoy_without_the_internal_listener_extension_gets_spills_to_the_ring(
     tmp_path: Path,
 ) -> None:
     """An Envoy whose bootstrap lacks `envoy.bootstrap.internal_listener` refuses the spill
-    listener (a NACK, counted, naming it) and applies the rest: keyed requests are served
-    on their pods while none spills. (Once one spills, its keys' requests fail to connect
-    to the refused listener, and Envoy's retries do not always find another pod: such an
-    Envoy needs `spill_to: ring`, README.)"""
+    listener (a NACK, counted, naming it). Its spilled keys would fail to connect there, so
+    the server falls back to `spill_to: ring` for every Envoy (logged, exported): a
+    spilling pod's keys are then served by the next pod of their ring, none refused."""
     async with contextlib.AsyncExitStack() as stack:
         pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
         path = tmp_path / "config.yaml"
@@ -182,6 +181,8 @@ async def test_without_the_internal_listener_extension_only_the_spill_listener_i
         settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=3600)
         app = await stack.enter_async_context(XdsApplication(settings))
         await app.wait_ready(within_s=20)
+        registry = app.telemetry.registry
+        assert registry.get_sample_value("xds_spill_to_ring_fallback") == 0
         bootstrap = render_bootstrap(
             xds_address="127.0.0.1", xds_port=app.xds_port, node_id="old-bootstrap",
             node_cluster="e2e", admin_port=0,
@@ -191,14 +192,37 @@ async def test_without_the_internal_listener_extension_only_the_spill_listener_i
         await envoy.wait_live(timeout=20)
         url = f"http://127.0.0.1:{await envoy.listener_port(names.LISTENER_NAME)}"
         http = await stack.enter_async_context(aiohttp.ClientSession())
-        registry = app.telemetry.registry
         await eventually(
-            lambda: registry.get_sample_value("xds_nacks_total", {"type": "lds"}),
+            lambda: registry.get_sample_value("xds_spill_to_ring_fallback") == 1,
             within_s=20,
-            what="the listeners' NACK",
+            what="the fall back to the ring after the spill listener's NACK",
         )
-        served = {await _served(http, url, f"user-{i}") for i in range(30)}
-        assert served == {p.port for p in pods}
+        assert registry.get_sample_value("xds_nacks_total", {"type": "lds"})
+        assert app.controller.spill_fallback is not None
+        assert names.spill_listener_name("gpu") in app.controller.spill_fallback
         listeners = await envoy.admin_get("/listeners")
         assert names.LISTENER_NAME in listeners
         assert names.spill_listener_name("gpu") not in listeners
+
+        async def served(user: str) -> int:
+            return await _served(http, url, user)
+
+        async def homes() -> dict[str, int] | None:
+            found = {f"user-{i}": await served(f"user-{i}") for i in range(60)}
+            return found if len(set(found.values())) == 3 else None
+
+        home = await eventually(homes, within_s=20, what="keys on all three pods")
+        hot = pods[0].port
+        hot_keys = [k for k, p in home.items() if p == hot]
+        assert hot_keys
+        pods[0].running, pods[0].waiting = 16, 8
+
+        async def spilled() -> bool:
+            return all([await served(k) != hot for k in hot_keys])
+
+        # Every request answered 200 (`_served` asserts it), each spilled key by one pod.
+        await eventually(spilled, within_s=20, what="the hot pod's keys to spill")
+        for key in hot_keys:
+            assert len({await served(key) for _ in range(4)}) == 1, key
+        for key in (k for k, p in home.items() if p != hot):
+            assert await served(key) == home[key], key

@@ -92,6 +92,12 @@ class Telemetry:
             registry=r,
         )
         self.config_warnings.labels("pool_without_endpoints")
+        self.spill_to_ring = Gauge(
+            "xds_spill_to_ring_fallback",
+            "1 while spilled session keys go to the next pod of the ring, not the pool, because"
+            " an Envoy refused a spill listener (balancing.spill_to 'pool'; README).",
+            registry=r,
+        )
         self.lrs_streams = Gauge(
             "xds_lrs_streams", "Load reporting (LRS) streams currently open.", registry=r
         )

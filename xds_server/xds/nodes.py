@@ -76,11 +76,13 @@ class _RecordingObserver:
         telemetry: Telemetry,
         on_ack: Callable[[], None],
         on_node: Callable[[str], None],
+        on_nack: Callable[[str, ResourceType, str], None],
     ) -> None:
         self._record = record
         self._telemetry = telemetry
         self._notify_ack = on_ack
         self._notify_node = on_node
+        self._notify_nack = on_nack
 
     def on_node(self, node: base_pb2.Node) -> None:
         self._record.node_id, self._record.node_cluster = node.id, node.cluster
@@ -130,6 +132,7 @@ class _RecordingObserver:
             error,
             t,
         )
+        self._notify_nack(self._record.node_id, response.type, error)
 
     def on_stale_nonce(self, resource_type: ResourceType, nonce: str) -> None:
         self._telemetry.stale_nonces.labels(resource_type.short).inc()
@@ -166,15 +169,27 @@ class NodeRegistry:
         self._ids = itertools.count(1)
         self._ack_waiters: set[asyncio.Future[None]] = set()
         self._on_node: Callable[[str], None] | None = None
+        self._on_nack: Callable[[str, ResourceType, str], None] | None = None
 
-    def subscribe(self, on_node: Callable[[str], None]) -> None:
-        """Call `on_node` with the node id of every ADS stream as it identifies itself (one
-        listener: the controller, which gives a new Envoy its own limits at once)."""
+    def subscribe(
+        self,
+        on_node: Callable[[str], None],
+        on_nack: Callable[[str, ResourceType, str], None] | None = None,
+    ) -> None:
+        """Call `on_node` with the node id of every ADS stream as it identifies itself, and
+        `on_nack` with the node id, type and Envoy's error of every NACK (one listener: the
+        controller, which gives a new Envoy its own limits at once, and stops sending what
+        an Envoy cannot take, such as the spill listener)."""
         self._on_node = on_node
+        self._on_nack = on_nack
 
     def _identified(self, node_id: str) -> None:
         if self._on_node is not None:
             self._on_node(node_id)
+
+    def _rejected(self, node_id: str, resource_type: ResourceType, error: str) -> None:
+        if self._on_nack is not None:
+            self._on_nack(node_id, resource_type, error)
 
     def _acked(self) -> None:
         for waiter in self._ack_waiters:
@@ -198,7 +213,10 @@ class NodeRegistry:
         )
         self._streams[record.stream_id] = record
         self._telemetry.connected_streams.labels(protocol).inc()
-        return record, _RecordingObserver(record, self._telemetry, self._acked, self._identified)
+        observer = _RecordingObserver(
+            record, self._telemetry, self._acked, self._identified, self._rejected
+        )
+        return record, observer
 
     def close(self, record: StreamRecord) -> None:
         if self._streams.pop(record.stream_id, None) is not None:
