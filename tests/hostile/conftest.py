@@ -31,6 +31,8 @@ from xds_testbed.server_process import ServerProcess
 # first; the worst single probe is bounded looser).
 HEALTH_BOUND_S = 0.1
 HEALTH_WORST_S = 1.0
+# Probes each server must have answered before they are compared.
+MIN_PROBES = 5
 
 
 # The prober is a process of its own: in the test's process, the attacker's own work
@@ -72,7 +74,7 @@ class Prober:
 
     def percentiles(self) -> tuple[float, float, float]:
         """Median, 95th percentile and worst latency of the probes so far."""
-        assert len(self.latencies) >= 5, self.latencies
+        assert len(self.latencies) >= MIN_PROBES, self.latencies
         ordered = sorted(self.latencies)
         return statistics.median(ordered), ordered[int(0.95 * (len(ordered) - 1))], ordered[-1]
 
@@ -117,6 +119,11 @@ class Target:
             for prober in probers:
                 prober.latencies.clear()
             yield probers[0]
+            # An attack over in a few probes' time leaves too few to compare (seen in CI:
+            # the idle server's prober had answered 4 times): a few more, bounded.
+            async with asyncio.timeout(30):
+                while min(len(p.latencies) for p in probers) < MIN_PROBES:  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
         finally:
             for task in tasks:
                 task.cancel()
