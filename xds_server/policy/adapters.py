@@ -14,14 +14,15 @@ when one of them breaks, since every change costs an adapter load and a burst of
 2. A hot adapter, one whose requests wait in every advertiser although it is loaded there
    (the pods are full, not short of a slot) and whose demand per advertiser is at least a
    pod's mean load (a burst on a warm adapter is not enough), gets one more pod: a free
-   slot, else, of the pods without waiting requests and within their slots, the one
-   with the coldest adapter (of near-equal pods, the one whose coldest adapter is first by
-   name; of a pod's near-equal adapters, the one listed last in the config) gives it up
-   if it is colder. If nobody else has that one, it waits for a slot on the first by
-   name of the other pods with room by their smoothed scores, unless some pod is beyond
-   its slots already (then only a free slot will do; none: no replica this time).
-   One hot replica per pod and decision, so that two hot adapters do not meet on one
-   pod.
+   slot, else, of the pods with room by their smoothed scores and within their slots,
+   the one with the coldest adapter gives it up if it is colder: of a pod's adapters,
+   the least demand, near-equal ones (DEMAND_STEP) by the config's order, the one listed
+   last; of the pods, the one whose adapter is clearly colder (CLEARLY_COLDER), else the
+   one whose adapter is listed last. If nobody else has that one, it waits for a slot on
+   another pod with room, the one whose adapters are listed last (they drain soonest),
+   unless some pod is beyond its slots already (then only a free slot will do; none: no
+   replica this time). One hot replica per pod and decision, so that two hot adapters
+   do not meet on one pod.
 3. A replica nobody needs any more, an adapter on several pods none of which has requests
    waiting, whose demand per pod is below a quarter of a pod's mean load, is dropped
    from its most loaded pod. (2 and 3 need opposite conditions: no flapping.)
@@ -66,9 +67,23 @@ _RATE_FLOOR = 0.01
 # with two requests waiting takes an idle pod's score to 0.625 (it still may), two in a
 # row to 0.44 (it may not).
 HOME_MIN_SCORE = 0.5
-# Demands are compared on a geometric ladder of this ratio where near-equal ones must not
-# decide (_replicate): the estimates move with every scrape.
+# A pod's adapters are compared on a geometric ladder of this ratio where near-equal ones
+# must not decide (_coldest): the estimates move with every scrape.
 DEMAND_STEP = 1.25
+# Of the pods that could give a hot adapter a slot, one whose coldest adapter's demand is
+# under the others' by this ratio gives it up; nearer, the configured order decides
+# (_replicate).
+CLEARLY_COLDER = 2.0
+
+
+def _rungs(demands: Mapping[str, float]) -> dict[str, float]:
+    """Each demand's rung on a CLEARLY_COLDER ladder that starts at the least positive
+    one: 0 under CLEARLY_COLDER times it, 1 under its square, ...; no demand, -inf."""
+    base = min((d for d in demands.values() if d > 0), default=1.0)
+    return {
+        key: math.floor(math.log(d / base) / math.log(CLEARLY_COLDER)) if d > 0 else -math.inf
+        for key, d in demands.items()
+    }
 
 
 def _demand_step(demand: float) -> float:
@@ -153,6 +168,7 @@ class _Placement:
                 self.demand[adapter] += pod.load * rates[adapter] / total
         self.mean_load = sum(p.load for p in pods.values()) / max(1, len(pods))
         self.by_score = sorted(pods, key=lambda k: (-pods[k].score, *self._named(k)))
+        self.best = max((pod.score for pod in pods.values()), default=0.0)
         # Hottest first; activity, then configured order break ties (and order a cold start).
         self.by_demand = sorted(adapters, key=lambda a: self._coldness(a), reverse=True)
         self.listed = {adapter: i for i, adapter in enumerate(adapters)}
@@ -240,22 +256,28 @@ class _Placement:
         candidates = [
             key
             for key in self.by_score
-            if self._calm(key)
+            if self._has_room(key)
             and adapter not in self.advertised[key]
             # Not a pod that already waits for a slot of its own.
             and 0 < len(self.advertised[key]) <= self.pods[key].slots
         ]
         # The pod holding the coldest adapter: what it gives up may end up waiting for a
-        # slot, and the coldest adapter's requests are the fewest to wait. Demands on one
-        # rung of a DEMAND_STEP ladder count as equal, and the adapter's name decides: on the
-        # exact estimates, the same trace gave up adapter-6 in one run and adapter-7 in
-        # the next (scenario e, seed 1: P95 TTFT 0.81 to 1.39 s over three runs).
+        # slot, and the coldest adapter's requests are the fewest to wait. Only a clearly
+        # colder one (CLEARLY_COLDER) decides; nearer, the one listed last in the config.
+        # vLLM does not count requests per adapter, so two pods' cold adapters are told
+        # apart by their pods' load of the moment: decided on those estimates (first on
+        # the exact figures, then on a 1.25x ladder, then with rungs counted from the
+        # least), each of scenario e's seeds went one way in some runs of its trace and
+        # another in others (P95 TTFT 0.3 or 9.0 s on seed 2). And of the pods, those with
+        # room by their smoothed scores: whether one had a request waiting at that instant
+        # decided too.
+        given = {key: self._coldest(key) for key in candidates}
+        rungs = _rungs({key: self.demand[given[key]] for key in candidates})
         for key in sorted(
-            candidates,
-            key=lambda k: (_demand_step(self.demand[self._coldest(k)]), self._coldest(k)),
+            candidates, key=lambda k: (rungs[k], -self.listed[given[k]], *self._named(k))
         ):
             held = self.advertised[key]
-            coldest = self._coldest(key)
+            coldest = given[key]
             if self.demand[coldest] >= self.demand[adapter]:
                 continue
             home = None
@@ -274,28 +296,31 @@ class _Placement:
         return self.pods[key].name, key
 
     def _home_for_displaced(self, adapter: str, giver: str) -> str | None:
-        """Where the adapter `giver` gives up to the hot `adapter` waits for a slot: the
-        first by name of the other pods with room by their smoothed scores
-        (HOME_MIN_SCORE), not holding `adapter` (its requests queue there), none beyond
-        its slots and none that took a hot adapter in this decision; only pods with a free
-        slot while some pod is beyond its slots already (no replica is worth a second
-        such wait). Not the least loaded, nor one without a request waiting at this
-        instant: on scenario e's seed 1, that chose between two pods by whichever had a
-        request queued when adapter-0 got its replica, and P95 TTFT went 0.56 or 0.84 s
-        from run to run of the same trace."""
-        best = max((pod.score for pod in self.pods.values()), default=0.0)
+        """Where the adapter `giver` gives up to the hot `adapter` waits for a slot: of the
+        other pods with room (`_has_room`), not holding `adapter` (its requests queue
+        there) and none beyond its slots, the one whose adapters are listed last in the
+        config (the coldest, by the configured order: they drain soonest, and a slot
+        frees only when one does), then by name; only pods with a free slot while some
+        pod is beyond its slots already (no replica is worth a second such wait). Not the
+        least loaded, nor one without a request waiting at this instant: on scenario e's
+        seed 1, that chose between two pods by whichever had a request queued when
+        adapter-0 got its replica, and P95 TTFT went 0.56 or 0.84 s from run to run of
+        the same trace."""
         beyond = any(len(self.advertised[k]) > self.pods[k].slots for k in self.pods)
+        unlisted = len(self.listed)
         return min(
             (
                 k
                 for k, pod in self.pods.items()
                 if k != giver
-                and k not in self.received
+                and self._has_room(k)
                 and adapter not in self.advertised[k]
-                and pod.score >= HOME_MIN_SCORE * best
                 and len(self.advertised[k]) < pod.slots + (not beyond)
             ),
-            key=self._named,
+            key=lambda k: (
+                -max((self.listed[a] for a in self.advertised[k]), default=unlisted),
+                *self._named(k),
+            ),
             default=None,
         )
 
@@ -320,9 +345,11 @@ class _Placement:
         """Estimated demand, then activity: lower is colder."""
         return self.demand[adapter], self.activity.get(adapter, 0.0)
 
-    def _calm(self, key: str) -> bool:
-        """No waiting requests, and no hot adapter taken in this decision."""
-        return not self.pods[key].waiting and key not in self.received
+    def _has_room(self, key: str) -> bool:
+        """A smoothed score at least HOME_MIN_SCORE of the best pod's (a queue that lasts,
+        not one scrape with requests waiting), and no hot adapter taken in this
+        decision."""
+        return key not in self.received and self.pods[key].score >= HOME_MIN_SCORE * self.best
 
     def _load_per_slot(self, key: str) -> tuple[float, str, str]:
         return self.pods[key].load / self.pods[key].slots, *self._named(key)
