@@ -37,6 +37,8 @@ __all__ = ["Controller", "LOAD_DECISION_GAP_S", "LoadSource", "SignalsSource"]
 
 # Decisions due to load changes (a long prompt starting or ending) come at most this often.
 LOAD_DECISION_GAP_S = 0.05
+# Of an Envoy's error, what `spill_fallback` keeps (the whole is in the NACK's log line).
+_MAX_REASON_CHARS = 500
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +187,8 @@ class Controller:
         ]
         if not refused:
             return
-        self.spill_fallback = f"node {node_id!r} refused {', '.join(refused)}: {error.strip()}"
+        reason = error.strip()[:_MAX_REASON_CHARS]
+        self.spill_fallback = f"node {node_id!r} refused {', '.join(refused)}: {reason}"
         self._telemetry.spill_to_ring.set(1)
         logger.warning(
             "Node %r refused the spill listener %s; without it, the keys of a spilling pod"
