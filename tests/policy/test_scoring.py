@@ -384,9 +384,9 @@ def _weight(scored: ScoredPool, key: str) -> int:
 
 def test_a_full_batch_spills_before_it_queues_and_holds_until_it_has_room() -> None:
     """From 80% of the pool's batch limit (vLLM's max_num_seqs, which no metric reports)
-    a pod spills its keys and leaves the pool cluster's rotation while the other pods are
-    calm, and takes them back only once its batch is below 60% of the limit."""
-    calm = signals(running=10)
+    a pod spills its keys and leaves the pool cluster's rotation while the other pods
+    queue nothing, and takes them back only once its batch is below 60% of the limit."""
+    calm = signals(running=30)
     assert _session_step({A: signals(running=38), B: calm}).spilled == frozenset()
     full = _session_step({A: signals(running=39), B: calm})
     assert full.spilled == {A}
@@ -399,6 +399,20 @@ def test_a_full_batch_spills_before_it_queues_and_holds_until_it_has_room() -> N
     released = _session_step({A: signals(running=28), B: calm}, held)
     assert released.spilled == frozenset()
     assert _weight(released, A) == _weight(released, B)
+
+
+def test_a_pod_clearly_ahead_of_the_others_spills_from_65_percent() -> None:
+    """A hot key's pod, at 1.5x the other pods' median batch, spills from 65% of the limit
+    (31.2 of 48); a pod as busy as the others waits for 80%."""
+    others = signals(running=20)
+    assert _session_step({A: signals(running=31), B: others}).spilled == frozenset()
+    assert _session_step({A: signals(running=32), B: others}).spilled == {A}
+    level = signals(running=22)  # 32 < 1.5 x 22
+    assert _session_step({A: signals(running=32), B: level}).spilled == frozenset()
+    queuing = signals(running=10, waiting=3)  # the others queue: a surge, not a lead
+    assert A not in _session_step({A: signals(running=36), B: queuing}).spilled
+    cached = signals(running=36, prefix_hit_rate=0.5)
+    assert _session_step({A: cached, B: others}).spilled == frozenset()
 
 
 def test_without_a_batch_limit_only_queues_move_keys() -> None:

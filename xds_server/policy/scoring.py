@@ -99,6 +99,8 @@ __all__ = [
     "MAX_WEIGHT",
     "MIN_CAPACITY_PEERS",
     "PodSignals",
+    "SPILL_AHEAD",
+    "SPILL_AHEAD_FULL",
     "SPILL_FULL",
     "SPILL_MAX_HIT_RATE",
     "SPILL_RELEASE",
@@ -118,6 +120,10 @@ _LADDER = 1.15
 # few keys' requests, not the first free slot.
 SPILL_FULL = 0.8
 SPILL_RELEASE = 0.6
+# A pod clearly ahead of the others, its batch `SPILL_AHEAD` times their median running
+# or more, spills from this share of the limit: a hot key's pod, not a busy pool.
+SPILL_AHEAD_FULL = 0.65
+SPILL_AHEAD = 1.5
 # ... unless its prefix cache serves this share of its prompt tokens or more: then its keys'
 # prefixes are worth more than a slot's wait.
 SPILL_MAX_HIT_RATE = 0.5
@@ -297,7 +303,12 @@ def _spilling(
     A pod starts to spill when it queues beyond `queue_slack` plus twice the median queue
     of the pool's other pods, or, with the pool's `batch_limit` known and the other pods'
     median queue empty, when its batch reaches `SPILL_FULL` of that limit (a first token
-    waits for every decode of the batch, and at the limit for a free slot). Hot keys on
+    waits for every decode of the batch, and at the limit for a free slot), or already
+    `SPILL_AHEAD_FULL` of it when it runs `SPILL_AHEAD` times the other pods' median batch
+    or more. The earlier start is for a pod clearly ahead: on scenario h the heaviest key
+    alone kept its pod at 30-40 running of 48 while the others ran 10-20, and its requests
+    made the tail (P99 1.23x the oracle's); spilling every pod from 65% moved light keys of
+    unloaded pods too (their stickiness 92%), the lead kept them home (100%). Hot keys on
     one pod, not a surge that every pod queues through: measured on scenario c's cold
     start, spilling on any queue moved keys off the pods that held their prefixes while
     every pod's queue was draining, and its prefix-cache hits fell from 1.2x round robin's
@@ -333,6 +344,7 @@ def _spilling(
     present = [key for key in healthy if key in fresh]
     queues = {key: fresh[key].waiting for key in present}
     ordered_queues = sorted(queues.values())
+    ordered_running = sorted(fresh[key].running for key in present)
 
     def typical(ordered: list[float], value: float) -> float:
         return median_without(ordered, value) if len(ordered) > 1 else 0.0
@@ -348,6 +360,12 @@ def _spilling(
         if limit is None or hit_rate >= SPILL_MAX_HIT_RATE:
             return False
         if typical_queue == 0 and signals.running >= SPILL_FULL * limit:
+            return True
+        if (
+            typical_queue == 0
+            and signals.running >= SPILL_AHEAD_FULL * limit
+            and signals.running >= SPILL_AHEAD * typical(ordered_running, signals.running)
+        ):
             return True
         return key in spilled and signals.running >= SPILL_RELEASE * limit
 
