@@ -11,13 +11,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from xds_server import controller as controller_module
 from xds_server.config import Band, RoutingConfig, parse_config
 from xds_server.controller import LOAD_DECISION_GAP_S, Controller, LoadSource
 from xds_server.envoy.names import band_clusters, long_prompt_clusters
 from xds_server.errors import ConfigError
 from xds_server.policy.admission import BandLoad
-from xds_server.policy.decision import FleetLoad, PoolLoad
+from xds_server.policy.decision import Decider, FleetLoad, PoolLoad
 from xds_server.policy.scoring import MAX_WEIGHT, PodSignals
 from xds_server.policy.shares import EnvoyDemand
 from xds_server.snapshots import SnapshotBuilder
@@ -364,7 +363,7 @@ async def test_decisions_due_to_load_come_at_most_every_50_ms() -> None:
 
 @pytest.mark.looptime
 @pytest.mark.parametrize(
-    ("owner", "stage"), [(SnapshotBuilder, "build"), (controller_module, "decide")]
+    ("owner", "stage"), [(SnapshotBuilder, "build_steps"), (Decider, "steps")]
 )
 async def test_an_internal_error_while_deciding_or_building_keeps_the_last_snapshot_and_goes_on(
     monkeypatch: pytest.MonkeyPatch, owner: object, stage: str

@@ -42,6 +42,7 @@ from xds_server.sources.routing_config import routing_config_documents
 from xds_server.telemetry import Telemetry
 from xds_server.telemetry.bands import BandCollector
 from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.loop_lag import watch_loop_lag
 from xds_server.telemetry.pods import PodCollector
 from xds_server.telemetry.scrape import ScrapeTelemetry
 from xds_server.xds.access_logs import AccessLogServer, PrefillingPrompts
@@ -309,6 +310,7 @@ class XdsApplication:
         self._tasks = [
             asyncio.create_task(self.controller.run(), name="controller"),
             asyncio.create_task(self._follow_config(), name="config-source"),
+            asyncio.create_task(watch_loop_lag(self.telemetry), name="loop-lag"),
         ]
         if self.discovery is not None:
             self._tasks.append(

@@ -13,39 +13,47 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Set
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from xds_server.clock import Clock, loop_clock
 from xds_server.config import RoutingConfig
 from xds_server.envoy import names
 from xds_server.errors import ConfigError, XdsServerError
 from xds_server.policy.decision import (
+    Decider,
     Decision,
     DecisionInputs,
     FleetLoad,
     PolicyMemory,
-    decide,
 )
 from xds_server.policy.scoring import PodSignals, endpoint_id
 from xds_server.snapshots import SnapshotBuilder
+from xds_server.steps import Steps
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["Controller", "LOAD_DECISION_GAP_S", "LoadSource", "SignalsSource"]
+__all__ = ["Controller", "LOAD_DECISION_GAP_S", "LoadSource", "SLICE_S", "SignalsSource"]
 
-# Decisions due to load changes (a long prompt starting or ending) come at most this often.
+# Decisions due to load changes (a long prompt starting or ending) or to Envoys connecting
+# come at most this often: a rollout of 500 Envoys is a few dozen decisions, not 500.
 LOAD_DECISION_GAP_S = 0.05
+# The longest the controller holds the event loop in one go while deciding or building
+# (the rest of the work waits for the loop's next pass).
+SLICE_S = 0.01
 # Of an Envoy's error, what `spill_fallback` keeps (the whole is in the NACK's log line).
 _MAX_REASON_CHARS = 500
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class SignalsSource(Protocol):
     """The latest metrics of every scraped pod, by endpoint id ("address:port"), with their
-    ages at `now` (the controller's clock)."""
+    ages at `now` (the controller's clock). The same object as the last call's while no
+    signal changed: the controller skips a decision whose inputs are the last one's."""
 
     def __call__(self, now: float) -> Mapping[str, PodSignals]: ...
 
@@ -66,8 +74,15 @@ class Controller:
     `debounce_s` after the first one, however many follow) so that a steady stream of
     scrapes still reaches Envoy promptly; a long prompt starting or ending on a pod (access
     log, load reports) is applied at once. With GPU-aware pools or flow control, the
-    policy also decides every scrape interval, so a pod whose metrics stop arriving goes
+    policy also looks every scrape interval, so a pod whose metrics stop arriving goes
     stale on time.
+
+    Work is paid only for change: a decision whose inputs are the last one's objects (the
+    sources hand out the same objects while nothing changed) and whose memory came back
+    unchanged would give the same decision, so it is skipped; each pool is decided again
+    only when its own inputs changed (policy.Decider); a decision equal to the last builds
+    nothing; a build rebuilds only what changed (snapshots.py). An idle fleet of any
+    size costs a few dictionary lookups per interval.
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory,
     the last decision, the last error (and whether a config was refused since the last
@@ -100,6 +115,11 @@ class Controller:
         self._wake = asyncio.Event()
         self._settled = asyncio.Event()
         self._memory = PolicyMemory()
+        self._decider = Decider()
+        # The config, signals and load of the last decision, and whether the memory it
+        # returned was the one it was given (then the same inputs decide the same).
+        self._decided_on: tuple[object, object, object] | None = None
+        self._memory_settled = False
         self._built: tuple[RoutingConfig, Decision] | None = None
         self.last_error: str | None = None
         # A config was refused since the last one accepted (`last_error` is its error).
@@ -161,10 +181,11 @@ class Controller:
 
     def envoy_connected(self, _node_id: str) -> None:
         """An Envoy identified itself on an ADS stream. With flow control, decide now: until
-        a decision names it, it enforces only the floor of each band."""
+        a decision names it, it enforces only the floor of each band. (At most every
+        LOAD_DECISION_GAP_S: a storm of connects is folded into a few decisions.)"""
         config = self._config
         if config is not None and config.flow_control.enabled:
-            self._schedule(extend=False, now=True)
+            self._schedule_soon()
 
     def envoy_rejected(self, node_id: str, resource_type: ResourceType, error: str) -> None:
         """An Envoy NACKed a response. One that refuses a pool's spill listener (its
@@ -218,14 +239,17 @@ class Controller:
         if config is None:
             return
         if any(c in clusters for p in config.pools for c in names.long_prompt_clusters(config, p)):
-            # At once, but at most every LOAD_DECISION_GAP_S: a stream of load changes
-            # (however many Envoys report them) cannot push Envoys more often than that.
-            # A decision due by then reads the latest load: nothing more to schedule.
-            at = max(self._clock(), self._last_load_decision + LOAD_DECISION_GAP_S)
-            if self._dirty_since is not None and self._deadline <= at:
-                return
-            self._last_load_decision = at
-            self._schedule(extend=False, now=True, at=at)
+            self._schedule_soon()
+
+    def _schedule_soon(self) -> None:
+        """Decide at once, but at most every LOAD_DECISION_GAP_S: a stream of load changes
+        or connects (however many Envoys) cannot push Envoys more often than that. A
+        decision due by then reads the latest inputs: nothing more to schedule."""
+        at = max(self._clock(), self._last_load_decision + LOAD_DECISION_GAP_S)
+        if self._dirty_since is not None and self._deadline <= at:
+            return
+        self._last_load_decision = at
+        self._schedule(extend=False, now=True, at=at)
 
     def reject(self, error: ConfigError) -> None:
         """Record a config that could not be used; the last good one stays in force."""
@@ -283,7 +307,7 @@ class Controller:
             # otherwise keep a sub-resolution remainder forever.
             while (delay := self._deadline - self._clock()) > 0.001:  # noqa: ASYNC110
                 await asyncio.sleep(delay)
-            self._apply()
+            await self._apply()
 
     def _internal_error(self, doing: str, exc: Exception) -> None:
         """A bug while `doing`: logged with its traceback and counted; the last snapshot
@@ -322,7 +346,7 @@ class Controller:
         }
         return not expected <= inputs.signals.keys()
 
-    def _apply(self) -> None:
+    async def _apply(self) -> None:
         assert self._config is not None
         config = self._in_force(self._config)
         inputs = self._inputs(config)
@@ -331,18 +355,36 @@ class Controller:
             self._dirty_since = None
             return
         self._dirty_since = None
-        self._settled.set()
         try:
-            decision, self._memory = decide(inputs, self._memory)
+            await self._decide_and_build(config, inputs)
+        finally:
+            # Settled unless a change came while this one was worked out in slices.
+            if self._dirty_since is None:
+                self._settled.set()
+
+    async def _decide_and_build(self, config: RoutingConfig, inputs: DecisionInputs) -> None:
+        decided_on = (config, inputs.signals, inputs.load)
+        last = self._decided_on
+        if (
+            self._memory_settled
+            and last is not None
+            and all(a is b for a, b in zip(last, decided_on, strict=True))
+        ):
+            return
+        try:
+            decision, memory = await _sliced(self._decider.steps(inputs, self._memory))
         except Exception as exc:  # a bug: say so, keep serving the last snapshot, go on
             self._internal_error("deciding", exc)
             return
+        self._memory_settled = memory == self._memory
+        self._memory, self._decided_on = memory, decided_on
         self.decision = decision
         if self._built is not None and self._built == (config, decision):
             return
         started = time.perf_counter()
         try:
-            snapshot = self._builder.build(config, decision)
+            snapshot = await _sliced(self._builder.build_steps(config, decision))
+            own = await _sliced(self._builder.for_envoys_steps(config, decision, snapshot))
         except XdsServerError as exc:
             logger.error(
                 "Could not build a snapshot from the routing config: %s. Keeping the last one.", exc
@@ -353,7 +395,6 @@ class Controller:
         except Exception as exc:  # a bug: say so, keep serving the last snapshot, go on
             self._internal_error("building a snapshot", exc)
             return
-        own = self._builder.for_envoys(config, decision, snapshot)
         self._built = (config, decision)
         self._telemetry.snapshot_build_duration.observe(time.perf_counter() - started)
         if self._cache.set_snapshot(snapshot, group=self._group, nodes=own):
@@ -369,3 +410,17 @@ class Controller:
                 ", ".join(f"{t.short} {snapshot.versions[t]}" for t in ResourceType),
             )
         self.snapshot = snapshot
+
+
+async def _sliced(steps: Steps[T]) -> T:
+    """Run `steps` (steps.py), handing the event loop back whenever a slice has run
+    SLICE_S: a decision or build at fleet size never holds ADS, LRS and probes for long."""
+    started = time.perf_counter()
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        if time.perf_counter() - started > SLICE_S:
+            await asyncio.sleep(0)
+            started = time.perf_counter()

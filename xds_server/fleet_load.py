@@ -10,6 +10,12 @@ reports to. Clusters the config does not name are not read, nor passed on to pee
 An Envoy known twice (it moved between replicas, and the old one's last report still
 lists it) counts once, from the best source: its load reports arriving here, else a
 peer's report that has its load (the newest), else its ADS stream here (no load yet).
+
+Hundreds of Envoys times a hundred pools make this the costliest input of a decision, and
+most of the time nothing in it changes. So what it made is kept and handed out again, the
+same objects, while its sources say nothing changed: the load reports', the prompts' and
+the ADS streams' revisions, and the peers' reports, compared as values. A reader (the
+controller) then tells "no new load" by identity.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from xds_server.xds.load_reports import LoadReports
 from xds_server.xds.nodes import NodeRegistry
 
 __all__ = ["EnvoyLoad", "PeerView"]
+
+_NO_DEMAND = EnvoyDemand()
 
 
 class PeerView(Protocol):
@@ -66,13 +74,31 @@ class EnvoyLoad:
         self._replica = replica
         self._registry = registry
         self._peers = peers
+        # The last local report and fleet load, with what they were made from.
+        self._local: tuple[object, ReplicaReport] | None = None
+        self._fleet: tuple[object, FleetLoad] | None = None
 
     # -- this replica's Envoys -------------------------------------------------------------
 
     def local_report(self, config: RoutingConfig | None) -> ReplicaReport:
-        """This replica's own Envoys' load on `config`'s lanes (what its peers are sent)."""
+        """This replica's own Envoys' load on `config`'s lanes (what its peers are sent):
+        the same object as last time while none of its sources changed."""
         if config is None:
             return ReplicaReport(replica=self._replica)
+        idle_logs = self._prompts.idle_nodes()
+        key = (
+            config,
+            self._reports.revision,
+            idle_logs,
+            self._registry.revision if self._registry is not None else 0,
+        )
+        if idle_logs is not None and self._local is not None and self._local[0] == key:
+            return self._local[1]
+        report = self._local_report(config)
+        self._local = (key, report)
+        return report
+
+    def _local_report(self, config: RoutingConfig) -> ReplicaReport:
         long_prompt: set[str] = set()
         wanted: set[str] = set()
         for pool in config.pools:
@@ -131,6 +157,22 @@ class EnvoyLoad:
         return {node: (source, envoy) for node, (_, source, envoy) in sorted(ranked.items())}
 
     def fleet_load(self, config: RoutingConfig) -> FleetLoad:
+        """The fleet's load on `config`'s pools: the same object as last time while none
+        of its sources changed."""
+        peers = self._peers
+        key = (
+            config,
+            self.local_report(config),
+            tuple(report for report, _ in peers.reports()) if peers is not None else (),
+            peers.reserved() if peers is not None else 0.0,
+        )
+        if self._fleet is not None and self._fleet[0] == key:
+            return self._fleet[1]
+        load = self._fleet_load(config)
+        self._fleet = (key, load)
+        return load
+
+    def _fleet_load(self, config: RoutingConfig) -> FleetLoad:
         envoys = [envoy for _, envoy in self.envoys(config).values()]
         pools = {}
         for pool in config.pools:
@@ -204,23 +246,36 @@ def _band_load(
 ) -> BandLoad:
     """In-flight requests per band (summed over the band's clusters, one per lane, and
     every Envoy), the completions per second of all of them together, and each Envoy's
-    demand per band (and per lane, with several)."""
+    demand per band (and per lane, with several).
+
+    An Envoy that reports nothing of the pool (ADS only so far, or no traffic) shares one
+    record of no demand: at fleet size most Envoys carry no traffic of most pools, and
+    this runs for every pool and Envoy."""
     in_flight = dict.fromkeys(clusters, 0)
     issued = dict.fromkeys(clusters, 0.0)
     completions = 0.0
+    idle: dict[Band, EnvoyDemand] = dict.fromkeys(clusters, _NO_DEMAND)
+    idle_lanes = {band: dict.fromkeys(lanes, _NO_DEMAND) for band in clusters}
+    pool_clusters = [c for names_of_band in clusters.values() for c in names_of_band]
     by_envoy: dict[str, dict[Band, EnvoyDemand]] = {}
     by_lane: dict[str, dict[Band, dict[str, EnvoyDemand]]] = {}
     for envoy in envoys:
+        reported = envoy.clusters
+        if not reported or not any(c in reported for c in pool_clusters):
+            by_envoy[envoy.node_id] = idle
+            if len(lanes) > 1:
+                by_lane[envoy.node_id] = idle_lanes
+            continue
         demands: dict[Band, EnvoyDemand] = {}
         for band, names_of_band in clusters.items():
-            loads = [envoy.clusters[c] for c in names_of_band if c in envoy.clusters]
+            loads = [reported[c] for c in names_of_band if c in reported]
             in_flight[band] += sum(load.in_progress for load in loads)
             issued[band] += sum(load.issued_per_s for load in loads)
             completions += sum(load.successful_per_s for load in loads)
             demands[band] = _demand(loads)
             if len(lanes) > 1:
                 by_lane.setdefault(envoy.node_id, {})[band] = {
-                    lane: _demand([envoy.clusters[c]] if c in envoy.clusters else [])
+                    lane: _demand([reported[c]] if c in reported else [])
                     for lane, c in zip(lanes, names_of_band, strict=True)
                 }
         by_envoy[envoy.node_id] = demands

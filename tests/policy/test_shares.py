@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given
+from hypothesis import strategies as st
+
+from xds_server.policy import shares
 from xds_server.policy.shares import EnvoyDemand, apportion, split_budget
 
 
@@ -98,3 +102,18 @@ def test_what_envoys_may_hold_stays_within_the_budget_plus_their_floors() -> Non
             split_budget(budget, dict(reversed(envoys.items())), floor=floor, horizon_s=0.5)
             == limits
         )
+
+
+@given(
+    budget=st.integers(min_value=0, max_value=5_000),
+    envoys=st.integers(min_value=1, max_value=600),
+    floor=st.integers(min_value=0, max_value=4),
+)
+def test_the_split_of_idle_envoys_is_the_general_one(budget: int, envoys: int, floor: int) -> None:
+    """At fleet size most Envoys of most pools ask for nothing; their split takes a short
+    way that must give exactly what the general one gives."""
+    idle = {f"envoy-{i:03d}": EnvoyDemand() for i in range(envoys)}
+    base = min(floor, budget // envoys)
+    assert split_budget(budget, idle, floor=floor, horizon_s=0.5) == shares._split(
+        budget, idle, base=base, horizon_s=0.5
+    )

@@ -97,14 +97,15 @@ async def test_named_subscription_ignores_other_resources(ads, clients) -> None:
     )
     ads.cache.set_snapshot(fixtures.snapshot({**POOLS, "b": [("10.0.0.9", 80, 1)]}))
     await client.expect_silence(0.2)
-    # Subscribing to a new name is answered at once, with both names, each once.
+    # Subscribing to a new name is answered at once, with just that name: an EDS response
+    # carries only what the client does not hold yet ("a" is held, and named twice).
     await client.send(
         EDS,
         resource_names=["a", "b", "a"],
         version_info=first.version_info,
         response_nonce=first.nonce,
     )
-    assert names(await client.recv()) == ["a", "b"]
+    assert names(await client.recv()) == ["b"]
 
 
 async def test_stale_nonce_is_ignored(ads, clients) -> None:  # type: ignore[no-untyped-def]
@@ -247,3 +248,52 @@ async def test_streams_are_tracked_and_released(ads, clients) -> None:  # type: 
         await asyncio.sleep(0.02)
     assert ads.registry.streams() == []
     assert ads.metric("xds_connected_streams", protocol="sotw") == 0
+
+
+async def _subscribed(ads, clients, pools):  # type: ignore[no-untyped-def]
+    """A client holding `pools`' clusters and assignments, everything ACKed."""
+    ads.cache.set_snapshot(fixtures.snapshot(pools))
+    client = clients()
+    await client.send(CDS)
+    cds = await client.recv()
+    await client.send(EDS, resource_names=sorted(pools))
+    eds = await client.recv()
+    assert names(eds) == sorted(pools)
+    await client.send(CDS, version_info=cds.version_info, response_nonce=cds.nonce)
+    await client.send(
+        EDS, resource_names=sorted(pools), version_info=eds.version_info, response_nonce=eds.nonce
+    )
+    await client.expect_silence(0.2)
+    return client, eds
+
+
+async def test_an_eds_response_carries_only_the_changed_assignments(ads, clients) -> None:  # type: ignore[no-untyped-def]
+    pools = {**POOLS, "c": [("10.0.0.3", 80, 1)]}
+    client, eds = await _subscribed(ads, clients, pools)
+    ads.cache.set_snapshot(fixtures.snapshot({**pools, "b": [("10.0.0.2", 80, 7)]}))
+    changed = await client.recv()
+    assert changed.type_url == EDS and names(changed) == ["b"]
+    assert changed.version_info != eds.version_info
+    # Acknowledged: the client now holds the new version of everything; nothing more.
+    await client.send(
+        EDS,
+        resource_names=sorted(pools),
+        version_info=changed.version_info,
+        response_nonce=changed.nonce,
+    )
+    await client.expect_silence(0.2)
+
+
+async def test_a_changed_cluster_gets_its_own_assignment_again_and_only_that(ads, clients) -> None:  # type: ignore[no-untyped-def]
+    pools = {**POOLS, "c": [("10.0.0.3", 80, 1)]}
+    client, eds = await _subscribed(ads, clients, pools)
+    clusters = [fixtures.cluster(n, connect_timeout_ms=3000 if n == "b" else 1000) for n in pools]
+    ads.cache.set_snapshot(fixtures.snapshot(pools).replace(ResourceType.CLUSTER, clusters))
+    cds = await client.recv()
+    assert cds.type_url == CDS and names(cds) == ["a", "b", "c"]  # CDS stays complete
+    await client.send(
+        EDS, resource_names=sorted(pools), version_info=eds.version_info, response_nonce=eds.nonce
+    )
+    resent = await client.recv()
+    assert resent.type_url == EDS and names(resent) == ["b"]
+    assert resent.version_info == eds.version_info

@@ -10,7 +10,7 @@ from __future__ import annotations
 from xds_server.envoy import names
 from xds_server.envoy.bootstrap import render_bootstrap
 from xds_server.envoy.clusters import build_cluster, build_clusters, build_session_cluster
-from xds_server.envoy.endpoints import build_endpoints
+from xds_server.envoy.endpoints import build_endpoints, build_pool_endpoints
 from xds_server.envoy.listeners import build_http_connection_manager, build_listeners
 from xds_server.envoy.routes import build_routes
 from xds_server.envoy.runtime import build_runtime
@@ -21,6 +21,7 @@ __all__ = [
     "build_endpoints",
     "build_http_connection_manager",
     "build_listeners",
+    "build_pool_endpoints",
     "build_routes",
     "build_runtime",
     "build_session_cluster",

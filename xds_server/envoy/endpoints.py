@@ -61,7 +61,7 @@ from xds_server.errors import ResourceBuildError
 from xds_server.policy.decision import Decision
 from xds_server.policy.state import EndpointState, Health, PoolState
 
-__all__ = ["HEALTH_STATUS", "build_endpoints"]
+__all__ = ["HEALTH_STATUS", "build_endpoints", "build_pool_endpoints"]
 
 # Envoy's own overprovisioning factor, in percent: a pool's assignment never gets less.
 DEFAULT_OVERPROVISIONING = 140
@@ -86,34 +86,45 @@ def build_endpoints(config: RoutingConfig, decision: Decision | None = None) -> 
     gives a weight below 1 (Envoy would refuse the whole assignment).
     """
     decided: Mapping[str, PoolState] = decision.pools if decision is not None else {}
+    return [
+        assignment
+        for pool in config.pools
+        for assignment in build_pool_endpoints(
+            pool, decided.get(pool.name), spills=config.spills(pool)
+        )
+    ]
+
+
+def build_pool_endpoints(
+    pool: PoolConfig, state: PoolState | None, *, spills: bool
+) -> list[_Any]:
+    """`pool`'s assignments (build_endpoints), from `state` when the policy decided on the
+    pool, else from its config; `spills`: config.spills(pool). A pool's assignments depend
+    on nothing else, so a change to one pool rebuilds only its own."""
+    checked = _checked(pool.name, state.endpoints) if state is not None else []
     assignments = []
-    for pool in config.pools:
-        pool_state = decided.get(pool.name)
-        checked = _checked(pool.name, pool_state.endpoints) if pool_state is not None else []
-        for ring in (False, True) if pool.session_affinity else (False,):
-            if pool_state is None:
-                lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
-            else:
-                spill_listener = (
-                    names.spill_listener_name(pool.name) if ring and config.spills(pool) else None
-                )
-                lb_endpoints = [
-                    _from_state(pool, e, ring=ring, spill_listener=spill_listener) for e in checked
-                ]
-            assignment = endpoint_pb2.ClusterLoadAssignment(
-                cluster_name=names.session_eds_service_name(pool.name)
-                if ring
-                else names.eds_service_name(pool.name)
+    for ring in (False, True) if pool.session_affinity else (False,):
+        if state is None:
+            lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
+        else:
+            spill_listener = names.spill_listener_name(pool.name) if ring and spills else None
+            lb_endpoints = [
+                _from_state(pool, e, ring=ring, spill_listener=spill_listener) for e in checked
+            ]
+        assignment = endpoint_pb2.ClusterLoadAssignment(
+            cluster_name=names.session_eds_service_name(pool.name)
+            if ring
+            else names.eds_service_name(pool.name)
+        )
+        if lb_endpoints:
+            assignment.endpoints.append(
+                endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=lb_endpoints)
             )
-            if lb_endpoints:
-                assignment.endpoints.append(
-                    endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=lb_endpoints)
+            if not ring:
+                assignment.policy.overprovisioning_factor.value = max(
+                    DEFAULT_OVERPROVISIONING, 100 * len(lb_endpoints)
                 )
-                if not ring:
-                    assignment.policy.overprovisioning_factor.value = max(
-                        DEFAULT_OVERPROVISIONING, 100 * len(lb_endpoints)
-                    )
-            assignments.append(assignment)
+        assignments.append(assignment)
     return assignments
 
 

@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from envoy.service.runtime.v3 import rtds_pb2
 from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import BANDS, RoutingConfig
+from xds_server.config import BANDS, PoolConfig, RoutingConfig
 from xds_server.envoy import names
 from xds_server.errors import ResourceBuildError
 from xds_server.policy.admission import PoolAdmission
 
-__all__ = ["admission_layer", "build_runtime", "max_requests_key"]
+__all__ = ["admission_layer", "build_runtime", "max_requests_key", "pool_admission_layer"]
 
 
 def max_requests_key(cluster: str) -> str:
@@ -42,13 +42,21 @@ def admission_layer(
     layer: dict[str, int] = {}
     for pool in config.pools:
         admission = admissions.get(pool.name)
-        if admission is None:
-            continue
-        clusters = names.band_clusters(config, pool)
-        for band in BANDS:
-            for lane, cluster in zip(config.lanes(pool), clusters[band], strict=True):
-                layer[max_requests_key(cluster)] = admission.lane_limit(node_id, band, lane)
+        if admission is not None:
+            layer.update(pool_admission_layer(config, pool, admission, node_id))
     return layer
+
+
+def pool_admission_layer(
+    config: RoutingConfig, pool: PoolConfig, admission: PoolAdmission, node_id: str | None
+) -> dict[str, int]:
+    """`admission_layer`'s keys for one pool."""
+    clusters = names.band_clusters(config, pool)
+    return {
+        max_requests_key(cluster): admission.lane_limit(node_id, band, lane)
+        for band in BANDS
+        for lane, cluster in zip(config.lanes(pool), clusters[band], strict=True)
+    }
 
 
 def build_runtime(layer: Mapping[str, float | int | str | bool]) -> list[rtds_pb2.Runtime]:

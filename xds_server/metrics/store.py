@@ -104,8 +104,12 @@ class _Pod:
 class MetricsStore:
     """Per-pod metrics, freshness, error streaks and prefix-cache hit rates.
 
-    Mutable state: `_pods` (pod id -> its record). Changed only by `record_success`,
-    `record_error` and `forget`.
+    Mutable state: `_pods` (pod id -> its record) and `revision`. Changed only by
+    `record_success`, `record_error` and `forget`.
+
+    `revision` grows whenever what a snapshot tells besides ages changes: a scrape that
+    reads the same page as the last one leaves it as it is, so a reader (the controller)
+    can tell "nothing new" from one integer, and an idle fleet costs it nothing.
     """
 
     def __init__(self, *, hit_rate_half_life_s: float = 10.0) -> None:
@@ -113,6 +117,7 @@ class MetricsStore:
             raise ValueError(f"hit_rate_half_life_s must be positive, not {hit_rate_half_life_s}.")
         self.hit_rate_half_life_s = hit_rate_half_life_s
         self._pods: dict[str, _Pod] = {}
+        self.revision = 0
 
     def __repr__(self) -> str:
         failing = sum(1 for pod in self._pods.values() if pod.streak is not None)
@@ -133,10 +138,13 @@ class MetricsStore:
         pod = self._pods.get(pod_id)
         if pod is None:
             pod = self._pods[pod_id] = _Pod()
+        before = (pod.metrics, pod.rate)
         ended, pod.streak = pod.streak, None
         pod.metrics = metrics
         pod.scraped_at = now
         self._update_rate(pod, metrics, now)
+        if ended is not None or before != (metrics, pod.rate):
+            self.revision += 1
         return ended
 
     def record_error(
@@ -159,11 +167,13 @@ class MetricsStore:
             last_at=now,
             down=down,
         )
+        self.revision += 1
         return pod.streak
 
     def forget(self, pod_id: str) -> None:
         """Drop everything known about `pod_id` (it is no longer a target). No-op if unknown."""
-        self._pods.pop(pod_id, None)
+        if self._pods.pop(pod_id, None) is not None:
+            self.revision += 1
 
     def observation(self, pod_id: str, *, now: float) -> PodObservation | None:
         """What is known about `pod_id` at `now`, or None if nothing was recorded for it."""

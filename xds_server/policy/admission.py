@@ -56,6 +56,7 @@ __all__ = [
 UNLIMITED = 1_000_000
 # A KV cache this full is about to preempt: the pod takes nothing more.
 _KV_FULL = 0.95
+_NO_DEMAND = EnvoyDemand()
 # Retry-After values in seconds: a changed value is an RDS push, so it moves in coarse steps.
 _RETRY_AFTER_LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 90, 120, 180)
 
@@ -184,7 +185,7 @@ def admit(
             seen = math.floor(budget[band] * (1 - min(1.0, max(0.0, reserved))))
             max_requests[band] = min(settings.envoy_floor, seen)
             demands = {
-                node: bands.get(band, EnvoyDemand()) for node, bands in load.by_envoy.items()
+                node: bands.get(band, _NO_DEMAND) for node, bands in load.by_envoy.items()
             }
             limits = split_budget(seen, demands, floor=settings.envoy_floor, horizon_s=horizon_s)
             for node, limit in limits.items():

@@ -26,8 +26,10 @@ from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.policy.admission import BandLoad, PodCapacity, PoolAdmission, admit
 from xds_server.policy.scoring import PodSignals, endpoint_id, score_pool
 from xds_server.policy.state import Health, PoolState
+from xds_server.steps import Steps, complete
 
 __all__ = [
+    "Decider",
     "Decision",
     "DecisionInputs",
     "FleetLoad",
@@ -38,6 +40,7 @@ __all__ = [
 ]
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
+_NO_SIGNALS: Mapping[str, PodSignals] = MappingProxyType({})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,45 +107,127 @@ def decide(inputs: DecisionInputs, memory: PolicyMemory) -> tuple[Decision, Poli
 
     Pure: the same inputs and memory give the same decision and memory.
     """
-    config, signals, load = inputs.config, inputs.signals, inputs.load
-    pools: dict[str, PoolState] = {}
-    remembered: dict[str, PoolMemory] = {}
-    for pool in config.pools:
-        if not pool.weights_from_metrics or signals is None:
-            continue
-        previous = memory.pools.get(pool.name, PoolMemory())
-        pool_load = load.pools.get(pool.name) if load is not None else None
-        scored = score_pool(
-            pool,
-            settings=config.balancing,
-            signals=signals,
-            long_prompts=pool_load.long_prompts if pool_load is not None else _EMPTY,
-            memory=previous.scores,
-            placement=previous.placement,
-            adapter_activity=previous.adapter_activity,
-            spilled=previous.spilled,
-            draining={endpoint_id(e) for e in pool.endpoints if e.draining},
-        )
-        pools[pool.name] = scored.state
-        remembered[pool.name] = PoolMemory(
-            scores=scored.memory,
-            placement=scored.placement,
-            adapter_activity=scored.adapter_activity,
-            spilled=scored.spilled,
-        )
-    admissions: dict[str, PoolAdmission] = {}
-    if config.flow_control.enabled and load is not None:
+    return Decider().decide(inputs, memory)
+
+
+# What one pool's scoring and admission are computed from (Decider).
+_ScoringKey = tuple[object, ...]
+_AdmissionKey = tuple[object, ...]
+
+
+class Decider:
+    """`decide`, paying only for the pools whose inputs changed.
+
+    At fleet size (a hundred pools, hundreds of Envoys) a decision is mostly pools whose
+    pods and load did not move since the last one; each pool's scoring and admission are
+    pure functions of its own inputs, so a pool whose inputs equal last time's gets last
+    time's results, the same objects. `Decider().decide(...)` gives exactly what `decide`
+    gives, whatever was decided before (tests/policy/test_decision.py checks it).
+
+    Mutable state, per pool: its endpoint ids with the pool config they are of, and the
+    inputs and results of its last scoring and admission.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[str, tuple[PoolConfig, tuple[str, ...]]] = {}
+        self._scored: dict[str, tuple[_ScoringKey, PoolState, PoolMemory]] = {}
+        self._admitted: dict[str, tuple[_AdmissionKey, PoolAdmission]] = {}
+
+    def _endpoint_ids(self, pool: PoolConfig) -> tuple[str, ...]:
+        known = self._ids.get(pool.name)
+        if known is None or known[0] is not pool:
+            known = self._ids[pool.name] = (pool, tuple(endpoint_id(e) for e in pool.endpoints))
+        return known[1]
+
+    def decide(
+        self, inputs: DecisionInputs, memory: PolicyMemory
+    ) -> tuple[Decision, PolicyMemory]:
+        """As `decide`."""
+        return complete(self.steps(inputs, memory))
+
+    def steps(
+        self, inputs: DecisionInputs, memory: PolicyMemory
+    ) -> Steps[tuple[Decision, PolicyMemory]]:
+        """`decide` in steps, one per pool decided anew (steps.py)."""
+        config, signals, load = inputs.config, inputs.signals, inputs.load
+        pools: dict[str, PoolState] = {}
+        remembered: dict[str, PoolMemory] = {}
+        own_signals: dict[str, Mapping[str, PodSignals]] = {}
         for pool in config.pools:
-            pool_load = load.pools.get(pool.name)
-            admissions[pool.name] = admit(
-                _capacity_inputs(pool, pools.get(pool.name), signals or {}),
-                load=pool_load.bands if pool_load is not None else BandLoad(in_flight={}),
-                reserved=load.reserved,
-                settings=config.flow_control,
-                # Limits stand about one interval, and reach Envoy within another.
-                horizon_s=2 * config.balancing.scrape_interval_s,
+            if signals is not None:
+                own_signals[pool.name] = {
+                    key: signals[key] for key in self._endpoint_ids(pool) if key in signals
+                }
+            if not pool.weights_from_metrics or signals is None:
+                continue
+            previous = memory.pools.get(pool.name, PoolMemory())
+            pool_load = load.pools.get(pool.name) if load is not None else None
+            long_prompts = pool_load.long_prompts if pool_load is not None else _EMPTY
+            key: _ScoringKey = (
+                pool,
+                config.balancing,
+                own_signals[pool.name],
+                long_prompts,
+                previous,
             )
-    return Decision(pools=pools, admissions=admissions), PolicyMemory(pools=remembered)
+            last = self._scored.get(pool.name)
+            if last is not None and last[0] == key:
+                pools[pool.name], remembered[pool.name] = last[1], last[2]
+                continue
+            scored = score_pool(
+                pool,
+                settings=config.balancing,
+                signals=own_signals[pool.name],
+                long_prompts=long_prompts,
+                memory=previous.scores,
+                placement=previous.placement,
+                adapter_activity=previous.adapter_activity,
+                spilled=previous.spilled,
+                draining={endpoint_id(e) for e in pool.endpoints if e.draining},
+            )
+            pools[pool.name] = scored.state
+            remembered[pool.name] = PoolMemory(
+                scores=scored.memory,
+                placement=scored.placement,
+                adapter_activity=scored.adapter_activity,
+                spilled=scored.spilled,
+            )
+            self._scored[pool.name] = (key, pools[pool.name], remembered[pool.name])
+            yield
+        admissions: dict[str, PoolAdmission] = {}
+        if config.flow_control.enabled and load is not None:
+            # Limits stand about one interval, and reach Envoy within another.
+            horizon_s = 2 * config.balancing.scrape_interval_s
+            for pool in config.pools:
+                pool_load = load.pools.get(pool.name)
+                bands = pool_load.bands if pool_load is not None else BandLoad(in_flight={})
+                state = pools.get(pool.name)
+                admission_key: _AdmissionKey = (
+                    pool,
+                    state,
+                    own_signals.get(pool.name, _NO_SIGNALS),
+                    bands,
+                    load.reserved,
+                    config.flow_control,
+                    horizon_s,
+                )
+                last_admitted = self._admitted.get(pool.name)
+                if last_admitted is not None and last_admitted[0] == admission_key:
+                    admissions[pool.name] = last_admitted[1]
+                    continue
+                admissions[pool.name] = admit(
+                    _capacity_inputs(pool, state, signals or {}),
+                    load=bands,
+                    reserved=load.reserved,
+                    settings=config.flow_control,
+                    horizon_s=horizon_s,
+                )
+                self._admitted[pool.name] = (admission_key, admissions[pool.name])
+                yield
+        for cache in (self._ids, self._scored, self._admitted):
+            for gone in cache.keys() - {p.name for p in config.pools}:
+                del cache[gone]
+        return Decision(pools=pools, admissions=admissions), PolicyMemory(pools=remembered)
 
 
 def _capacity_inputs(

@@ -76,6 +76,26 @@ def split_budget(
         return {}
     budget = max(0, budget)
     base = min(floor, budget // len(envoys))
+    if not any(d.in_flight or d.arrivals_per_s > 0 for d in envoys.values()):
+        return _split_idle(budget, envoys, base=base)
+    return _split(budget, envoys, base=base, horizon_s=horizon_s)
+
+
+def _split_idle(budget: int, envoys: Mapping[str, EnvoyDemand], *, base: int) -> dict[str, int]:
+    """`split_budget` when no Envoy holds or asks for anything (most Envoys of most pools,
+    at fleet size): each gets the same part, the remainder one each in node id order.
+    The same result as `_split`'s, in a fraction of its time."""
+    share, left = divmod(budget - base * len(envoys), len(envoys))
+    limits = dict.fromkeys(envoys, base + share)
+    for node in sorted(envoys)[:left]:
+        limits[node] += 1
+    return limits
+
+
+def _split(
+    budget: int, envoys: Mapping[str, EnvoyDemand], *, base: int, horizon_s: float
+) -> dict[str, int]:
+    """`split_budget`, in general."""
     demand = {
         node: d.in_flight + max(0.0, d.arrivals_per_s) * horizon_s for node, d in envoys.items()
     }

@@ -133,6 +133,18 @@ class Telemetry:
             ["type"],
             registry=r,
         )
+        self.loop_lag = Histogram(
+            "xds_event_loop_lag_seconds",
+            "How late a periodic timer fires on the server's event loop: how long the loop"
+            " was busy with something else (everything, ADS included, waits that long).",
+            buckets=_PUSH_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag_max = Gauge(
+            "xds_event_loop_lag_max_seconds",
+            "The largest event-loop lag since the server started.",
+            registry=r,
+        )
         self._version_labels: dict[tuple[str, str], str] = {}
 
     def record_snapshot_version(self, *, group: str, type_name: str, version: str) -> None:

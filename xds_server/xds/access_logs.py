@@ -105,6 +105,14 @@ class PrefillingPrompts:
         listener: the controller, which is built after this and reads it)."""
         self._on_change = on_change
 
+    def idle_nodes(self) -> frozenset[str] | None:
+        """The Envoys logging, when none of them has a long prompt prefilling; None while
+        some has. What the prompts add to the fleet's load is then a function of this
+        alone (no stream to expire with time): a reader may keep what it made of it."""
+        if any(streams for endpoints in self._open.values() for streams in endpoints.values()):
+            return None
+        return frozenset(self._nodes.values())
+
     def open(self, log_stream: int, node_id: str) -> None:
         """ALS stream `log_stream` of Envoy `node_id` started logging."""
         self._nodes[log_stream] = node_id

@@ -155,6 +155,8 @@ class LoadReports:
         self._known_clusters = known_clusters
         self._on_change: Callable[[Set[str]], None] | None = None
         self._nodes: dict[int, NodeLoad] = {}
+        # Grows whenever a node's figures change (not with a report that repeats the last).
+        self.revision = 0
         # Per cluster, over every report since the server started: [issued, dropped].
         self._totals: dict[str, list[int]] = {}
         telemetry.registry.register(InProgressCollector(self))
@@ -173,6 +175,7 @@ class LoadReports:
         for older in [e for e in self._nodes.values() if e.node_id == node.id]:
             self.close(older.stream_id)
         self._nodes[stream_id] = entry
+        self.revision += 1
         self._telemetry.lrs_streams.inc()
         return entry
 
@@ -199,6 +202,11 @@ class LoadReports:
             previous = entry.clusters.get(stats.cluster_name)
             if load.by_endpoint != (previous.by_endpoint if previous is not None else {}):
                 changed.add(stats.cluster_name)
+            if previous is None or (load.in_progress, load.rates) != (
+                previous.in_progress,
+                previous.rates,
+            ):
+                self.revision += 1
             entry.clusters[stats.cluster_name] = load
             totals = self._totals.setdefault(stats.cluster_name, [0, 0])
             totals[0] += sum(s.total_issued_requests for s in stats.upstream_locality_stats)
@@ -223,6 +231,7 @@ class LoadReports:
         """Forget the Envoy of stream `stream_id` (its stream closed)."""
         entry = self._nodes.pop(stream_id, None)
         if entry is not None:
+            self.revision += 1
             self._telemetry.lrs_streams.dec()
             self._changed({name for name, load in entry.clusters.items() if load.by_endpoint})
 

@@ -159,13 +159,16 @@ _: type[StreamObserver] = _RecordingObserver
 class NodeRegistry:
     """Every open stream's record.
 
-    Mutable state: `_streams` (stream id -> record) and `_ack_waiters`, futures woken on
-    every ACK so that callers can wait for a version to be accepted without polling.
+    Mutable state: `_streams` (stream id -> record), `revision` and `_ack_waiters`,
+    futures woken on every ACK so that callers can wait for a version to be accepted
+    without polling.
     """
 
     def __init__(self, telemetry: Telemetry) -> None:
         self._telemetry = telemetry
         self._streams: dict[int, StreamRecord] = {}
+        # Grows whenever a stream opens, closes or names its node.
+        self.revision = 0
         self._ids = itertools.count(1)
         self._ack_waiters: set[asyncio.Future[None]] = set()
         self._on_node: Callable[[str], None] | None = None
@@ -184,6 +187,7 @@ class NodeRegistry:
         self._on_nack = on_nack
 
     def _identified(self, node_id: str) -> None:
+        self.revision += 1
         if self._on_node is not None:
             self._on_node(node_id)
 
@@ -212,6 +216,7 @@ class NodeRegistry:
             stream_id=next(self._ids), protocol=protocol, peer=peer, opened_at=time.time()
         )
         self._streams[record.stream_id] = record
+        self.revision += 1
         self._telemetry.connected_streams.labels(protocol).inc()
         observer = _RecordingObserver(
             record, self._telemetry, self._acked, self._identified, self._rejected
@@ -220,6 +225,7 @@ class NodeRegistry:
 
     def close(self, record: StreamRecord) -> None:
         if self._streams.pop(record.stream_id, None) is not None:
+            self.revision += 1
             self._telemetry.connected_streams.labels(record.protocol).dec()
 
     def streams(self) -> list[StreamRecord]:

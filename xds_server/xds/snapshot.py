@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from xds_server.errors import InconsistentSnapshotError
 from xds_server.xds.resources import ResourceType, name_of, references_of
 
-__all__ = ["Resource", "Snapshot", "content_hash"]
+__all__ = ["Resource", "Snapshot", "content_hash", "serialize_resources"]
 
 
 def content_hash(*parts: bytes) -> str:
@@ -81,7 +81,9 @@ class Resource:
         return bytes(discovery_pb2.DeltaDiscoveryResponse(resources=[wrapped]).SerializeToString())
 
 
-def _serialize(resource_type: ResourceType, messages: Iterable[Message]) -> Mapping[str, Resource]:
+def serialize_resources(
+    resource_type: ResourceType, messages: Iterable[Message]
+) -> Mapping[str, Resource]:
     """`messages` serialized and keyed by name, in name order.
 
     Raises InconsistentSnapshotError for a name used twice."""
@@ -100,7 +102,9 @@ def _serialize(resource_type: ResourceType, messages: Iterable[Message]) -> Mapp
 class Snapshot:
     """Every resource of every type for one group of Envoys, with a version per type.
 
-    Build it with `Snapshot.build`, which refuses duplicate names and dangling references.
+    Build it with `Snapshot.build` (or derive one with `replace` / `with_resources`), which
+    refuse duplicate names and dangling references: a snapshot so made is consistent, and
+    nothing needs to check it again.
     """
 
     resources: Mapping[ResourceType, Mapping[str, Resource]]
@@ -113,7 +117,9 @@ class Snapshot:
         Raises InconsistentSnapshotError for a name used twice within a type, and
         for a reference to a resource the snapshot does not hold.
         """
-        return cls.from_resources({t: _serialize(t, resources.get(t, ())) for t in ResourceType})
+        return cls.from_resources(
+            {t: serialize_resources(t, resources.get(t, ())) for t in ResourceType}
+        )
 
     @classmethod
     def from_resources(
@@ -123,25 +129,54 @@ class Snapshot:
         versions_of: Mapping[ResourceType, str] | None = None,
     ) -> Snapshot:
         """A snapshot of already-serialized resources (reused from an earlier snapshot);
-        `versions_of` gives the versions of types already known (the same resources)."""
-        known = versions_of or {}
+        `versions_of` gives the versions of types already known (the same resources).
+
+        Raises InconsistentSnapshotError for a dangling reference.
+        """
+        snapshot = cls._assemble(by_type, versions_of=versions_of or {})
+        snapshot._check(ResourceType)
+        return snapshot
+
+    @classmethod
+    def _assemble(
+        cls,
+        by_type: Mapping[ResourceType, Mapping[str, Resource]],
+        *,
+        versions_of: Mapping[ResourceType, str],
+    ) -> Snapshot:
         versions = {
-            t: known.get(t)
+            t: versions_of.get(t)
             or content_hash(*(f"{n}={r.version}".encode() for n, r in sorted(by_type[t].items())))
             for t in ResourceType
         }
-        snapshot = cls(
-            resources=MappingProxyType(dict(by_type)), versions=MappingProxyType(versions)
-        )
-        snapshot.check_consistency()
-        return snapshot
+        return cls(resources=MappingProxyType(dict(by_type)), versions=MappingProxyType(versions))
 
     def replace(self, resource_type: ResourceType, resources: Iterable[Message]) -> Snapshot:
         """This snapshot with every resource of `resource_type` replaced; others are reused."""
-        return Snapshot.from_resources(
-            {**self.resources, resource_type: _serialize(resource_type, resources)},
+        return self.with_resources(resource_type, serialize_resources(resource_type, resources))
+
+    def with_resources(
+        self, resource_type: ResourceType, resources: Mapping[str, Resource]
+    ) -> Snapshot:
+        """This snapshot with `resources` (already serialized, by name) as every resource
+        of `resource_type`; the other types are reused as they are.
+
+        Only the references into and out of `resource_type` are checked: the rest was
+        checked when this snapshot was built. So swapping one Envoy's runtime layer, or a
+        few pools' assignments, costs what changed, not the whole fleet.
+        Raises InconsistentSnapshotError for a dangling reference.
+        """
+        if resources is self.resources[resource_type]:
+            return self
+        ordered = MappingProxyType(dict(sorted(resources.items())))
+        snapshot = self._assemble(
+            {**self.resources, resource_type: ordered},
             versions_of={t: v for t, v in self.versions.items() if t is not resource_type},
         )
+        snapshot._check(
+            t for t in ResourceType if resource_type in (t, t.dependent) and t.dependent
+        )
+        return snapshot
 
     def check_consistency(self) -> None:
         """Raise InconsistentSnapshotError if a resource references one this snapshot lacks.
@@ -149,18 +184,23 @@ class Snapshot:
         Every EDS cluster's ClusterLoadAssignment and every RDS route configuration a listener
         names must be present, or Envoy would keep that cluster or listener warming.
         """
-        for resource_type in ResourceType:
+        self._check(ResourceType)
+
+    def _check(self, referring: Iterable[ResourceType]) -> None:
+        """`check_consistency` for the references of the `referring` types only."""
+        for resource_type in referring:
             dependent = resource_type.dependent
             if dependent is None:
                 continue
             held = self.resources[dependent]
             for resource in self.resources[resource_type].values():
+                if resource.references <= held.keys():
+                    continue
                 missing = sorted(resource.references - held.keys())
-                if missing:
-                    raise InconsistentSnapshotError(
-                        f"{resource_type.name} {resource.name!r} references {dependent.name}"
-                        f" {', '.join(map(repr, missing))}, which the snapshot does not hold"
-                    )
+                raise InconsistentSnapshotError(
+                    f"{resource_type.name} {resource.name!r} references {dependent.name}"
+                    f" {', '.join(map(repr, missing))}, which the snapshot does not hold"
+                )
 
     def names(self, resource_type: ResourceType) -> frozenset[str]:
         return frozenset(self.resources[resource_type])

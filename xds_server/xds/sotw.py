@@ -8,10 +8,16 @@ Rules (https://www.envoyproxy.io/docs/envoy/latest/api-docs/xds_protocol):
   change is.
 - At most one unacknowledged response per type; a response is sent only when what the
   client asked for differs from what it was last sent.
+- Listener, Cluster and Runtime responses are complete: a resource left out is deleted.
+  EDS and RDS responses carry only the resources that changed (or were newly asked for):
+  the protocol gives them no deletion signal, and Envoy (and gRPC's client) keep a
+  resource a response leaves out. One pod's change is then one assignment on the wire,
+  not every pool's.
 - Types go out in ADS order. After a CDS response Envoy re-subscribes the updated clusters'
   endpoints and asks for EDS *before* it ACKs CDS; until it asks (or ACKs CDS), EDS is held,
-  and the next EDS response carries every subscribed ClusterLoadAssignment even if none
-  changed, or the updated clusters would stay warming. LDS holds RDS the same way.
+  and the next EDS response carries the ClusterLoadAssignments of every updated cluster
+  even if they did not change, or those clusters would stay warming. LDS holds RDS the same
+  way.
 - Wildcard: a first request with no names (the legacy form) or a request naming "*" asks for
   every resource of the type; naming resources later ends the legacy wildcard.
 - A first request carrying the version the server has (a reconnect) is not answered until
@@ -32,16 +38,16 @@ __all__ = ["SotwStream"]
 
 WILDCARD = "*"
 
-_Key = tuple[tuple[str, str], ...]
+# The types whose responses may carry only what changed (module docstring).
+_PARTIAL = frozenset({ResourceType.ENDPOINT, ResourceType.ROUTE})
 
 
 @dataclass
 class _SotwTypeState(TypeState):
     names: frozenset[str] = frozenset()
-    # (name, version) pairs of the last response, to tell whether anything changed.
-    sent: _Key | None = None
-    # Send the next response even if nothing changed (EDS after a CDS response).
-    force: bool = False
+    # Version of each resource the client holds as far as the server knows (what it was
+    # sent); None before the first response.
+    sent: dict[str, str] | None = None
 
 
 class SotwStream(ProtocolStream[_SotwTypeState]):
@@ -75,7 +81,7 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
         state.held = False
         if first and self._snapshot is not None and request.version_info:
             if request.version_info == self._snapshot.versions[resource_type]:
-                state.sent = self._key(self._selected(resource_type, state))
+                state.sent = {r.name: r.version for r in self._selected(resource_type, state)}
                 state.acked_version = request.version_info
         return self._flush()
 
@@ -86,10 +92,6 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
             return list(held.values())
         return [held[name] for name in sorted(state.names) if name in held]
 
-    @staticmethod
-    def _key(selected: list[Resource]) -> _Key:
-        return tuple((r.name, r.version) for r in selected)
-
     def _flush(self) -> list[Response]:
         if self._snapshot is None:
             return []
@@ -99,15 +101,22 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
             if not state.subscribed or state.outstanding is not None or state.held:
                 continue
             selected = self._selected(resource_type, state)
-            key = self._key(selected)
-            if key == state.sent and not state.force:
-                continue
-            responses.append(self._respond(resource_type, selected, key))
+            if resource_type in _PARTIAL and state.sent is not None:
+                sent = state.sent
+                due = [r for r in selected if sent.get(r.name) != r.version]
+                if not due:
+                    continue
+            else:
+                if state.sent == {r.name: r.version for r in selected}:
+                    continue
+                due = selected
+            responses.append(self._respond(resource_type, selected, due))
         return responses
 
     def _respond(
-        self, resource_type: ResourceType, selected: list[Resource], key: _Key
+        self, resource_type: ResourceType, selected: list[Resource], due: list[Resource]
     ) -> Response:
+        """A response carrying `due` (of the `selected` resources the client asked for)."""
         assert self._snapshot is not None
         nonce = self._next_nonce()
         version = self._snapshot.versions[resource_type]
@@ -118,14 +127,22 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
             type=resource_type,
             nonce=nonce,
             version=version,
-            payload=header + b"".join(r.sotw_fragment for r in selected),
-            resource_names=tuple(name for name, _ in key),
+            payload=header + b"".join(r.sotw_fragment for r in due),
+            resource_names=tuple(r.name for r in due),
             snapshot_born=self._born,
         )
         state = self._types[resource_type]
-        state.sent, state.force = key, False
+        before = state.sent or {}
+        state.sent = {r.name: before.get(r.name, "") for r in selected} | {
+            r.name: r.version for r in due
+        }
         if resource_type is ResourceType.CLUSTER:
             # Envoy re-subscribes an updated cluster's endpoints and needs them re-sent.
-            self._types[ResourceType.ENDPOINT].force = True
+            endpoints = self._types[ResourceType.ENDPOINT].sent
+            if endpoints is not None:
+                for cluster in due:
+                    if before.get(cluster.name) != cluster.version:
+                        for name in cluster.references:
+                            endpoints.pop(name, None)
         self._sent(resource_type, response)
         return response
