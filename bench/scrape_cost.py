@@ -38,7 +38,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_sim.engine import Engine, EngineRequest
-from llm_sim.metrics_text import Flavour, HttpStats, render_metrics
+from llm_sim.metrics_text import Flavour, HttpStats, render_metrics, restrict_page
 from llm_sim.pod import SimulatedPod
 from llm_sim.profiles import H100
 from xds_server.metrics.engines import engine_adapter
@@ -184,10 +184,17 @@ async def _serve(kind: str, pods: int) -> None:
                 )
                 urls.append(pod.url + "/metrics")
         else:
-            body = synthetic_page(simulator_page()).encode()
+            page = synthetic_page(simulator_page())
+            body = page.encode()
             compressed = gzip.compress(body, compresslevel=6)
+            restricted: dict[tuple[str, ...], bytes] = {}
 
             async def metrics(request: web.Request) -> web.Response:
+                names = tuple(sorted(request.query.getall("name[]", [])))
+                if names:  # as prometheus-client (vLLM's exporter) answers `name[]`
+                    if names not in restricted:
+                        restricted[names] = restrict_page(page, names).encode()
+                    return web.Response(body=restricted[names], content_type="text/plain")
                 if "gzip" in request.headers.get("Accept-Encoding", ""):
                     return web.Response(
                         body=compressed,
@@ -210,7 +217,7 @@ async def _serve(kind: str, pods: int) -> None:
 
 
 async def _scrape(
-    urls: list[str], *, interval_s: float, seconds: float, compress: bool
+    urls: list[str], *, interval_s: float, seconds: float, compress: bool, by_name: bool
 ) -> dict[str, float]:
     scrapes = 0
     errors: list[str] = []
@@ -229,7 +236,9 @@ async def _scrape(
         observe_error=lambda pod_id, kind: errors.append(kind.value),
         seed=0,
     ) as scraper:
-        scraper.set_targets({f"pod-{i}": ScrapeTarget(url=url) for i, url in enumerate(urls)})
+        scraper.set_targets(
+            {f"pod-{i}": ScrapeTarget(url=url, by_name=by_name) for i, url in enumerate(urls)}
+        )
         await asyncio.sleep(max(0.5, 2 * interval_s))  # connections opened, phases spread
         first, cpu, times, wall = scrapes, time.process_time(), os.times(), time.perf_counter()
         await asyncio.sleep(seconds)
@@ -245,6 +254,7 @@ async def _scrape(
         "pods": len(urls),
         "interval_s": interval_s,
         "gzip": compress,
+        "by_name": by_name,
         "scrapes": done,
         "scrapes_per_s": done / wall,
         "cpu_ms_per_scrape": per_scrape * 1e3,
@@ -256,7 +266,13 @@ async def _scrape(
 
 
 def scrape_cost(
-    kind: str, *, pods: int, interval_s: float, seconds: float, compress: bool = False
+    kind: str,
+    *,
+    pods: int,
+    interval_s: float,
+    seconds: float,
+    compress: bool = False,
+    by_name: bool = False,
 ) -> dict[str, float]:
     """Start the pods in a child process, scrape them here, stop the child."""
     path = os.pathsep.join(filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))
@@ -273,7 +289,13 @@ def scrape_cost(
         if not ready or ready[0] != "READY":
             raise RuntimeError(f"The pod process did not start (it said {ready!r}).")
         return asyncio.run(
-            _scrape(ready[1:], interval_s=interval_s, seconds=seconds, compress=compress)
+            _scrape(
+                ready[1:],
+                interval_s=interval_s,
+                seconds=seconds,
+                compress=compress,
+                by_name=by_name,
+            )
         )
     finally:
         if child.stdin is not None:
@@ -312,14 +334,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lines": text.count("\n"),
             "parse": parse_cost(text, min_seconds=0.1 if args.quick else 1.0),
         }
-    runs = [("simulator", False), ("synthetic", False), ("synthetic", True)]
-    for kind, compress in runs:
-        results["pages"][kind]["scrape_gzip" if compress else "scrape"] = scrape_cost(
-            kind, pods=args.pods, interval_s=args.interval, seconds=args.seconds, compress=compress
+    runs = [
+        ("simulator", "scrape", {}),
+        ("synthetic", "scrape", {}),
+        ("synthetic", "scrape_gzip", {"compress": True}),
+        ("synthetic", "scrape_by_name", {"by_name": True}),
+    ]
+    for kind, key, options in runs:
+        results["pages"][kind][key] = scrape_cost(
+            kind, pods=args.pods, interval_s=args.interval, seconds=args.seconds, **options
         )
     heavy = results["pages"]["synthetic"]["scrape"]["cpu_ms_per_scrape"]
     results["interval_table"] = _interval_table(heavy)
     return results
+
+
+_SCRAPE_LABELS = {
+    "scrape": "scrape:     ",
+    "scrape_gzip": "gzip:       ",
+    "scrape_by_name": "by name[]:  ",
+}
 
 
 def _print(results: dict[str, Any]) -> None:
@@ -335,12 +369,12 @@ def _print(results: dict[str, Any]) -> None:
             f"{parse['fast_parse_and_adapter_us']:.0f} µs; prometheus-client "
             f"{parse['full_parse_us'] / 1000:.2f} ms ({parse['full_over_fast']:.0f}x)"
         )
-        for key in ("scrape", "scrape_gzip"):
+        for key, label in _SCRAPE_LABELS.items():
             if key not in page:
                 continue
             scrape = page[key]
             print(
-                f"  {'gzip' if scrape['gzip'] else 'scrape'}:{' ' * (7 if scrape['gzip'] else 5)}"
+                f"  {label}"
                 f"{scrape['cpu_ms_per_scrape']:.3f} ms CPU per pod scrape "
                 f"(user {scrape['user_ms_per_scrape']:.3f}, kernel "
                 f"{scrape['system_ms_per_scrape']:.3f}) at {scrape['scrapes_per_s']:,.0f} "

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 import functools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -40,10 +40,12 @@ from llm_sim.stats import Histogram
 
 __all__ = [
     "CONTENT_TYPE_PROMETHEUS",
+    "FILTERABLE",
     "Flavour",
     "HttpStats",
     "content_type",
     "render_metrics",
+    "restrict_page",
 ]
 
 # What prometheus_client >= 0.22 (hence vLLM, SGLang, trtllm-serve) sends.
@@ -62,6 +64,33 @@ class Flavour(enum.Enum):
     TGI = "tgi"
     TRITON = "triton"
     TRTLLM_SERVE = "trtllm-serve"
+
+
+# The flavours whose servers write their page with prometheus-client, which honours
+# `?name[]=...` (only the series named).
+FILTERABLE = frozenset({Flavour.VLLM, Flavour.SGLANG})
+
+
+def restrict_page(text: str, names: Collection[str]) -> str:
+    """`text` with only the samples named in `names` (sample names, a counter's with its
+    `_total`) and the HELP and TYPE lines of their families: what prometheus-client
+    serves for `/metrics?name[]=...`."""
+    wanted = set(names)
+    out: list[str] = []
+    header: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            follows_help = bool(header) and header[-1].startswith("# HELP")
+            if line.startswith("# HELP") or not follows_help:
+                header = []
+            header.append(line)
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            out.extend(header)
+            header = []
+            out.append(line)
+    return "\n".join(out) + "\n" if out else ""
 
 
 def content_type(flavour: Flavour) -> str:

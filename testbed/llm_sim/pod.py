@@ -55,7 +55,14 @@ from aiohttp import web
 
 from llm_sim.engine import Engine, EngineRequest, EngineState, StepOutcome
 from llm_sim.kv_cache import Token
-from llm_sim.metrics_text import Flavour, HttpStats, content_type, render_metrics
+from llm_sim.metrics_text import (
+    FILTERABLE,
+    Flavour,
+    HttpStats,
+    content_type,
+    render_metrics,
+    restrict_page,
+)
 from llm_sim.openai_api import (
     BadRequestError,
     CompletionRequest,
@@ -727,8 +734,12 @@ class SimulatedPod:
         return web.Response(headers={BACKEND_ID_HEADER: self.name})
 
     async def _metrics(self, http_request: web.Request) -> web.Response:
+        page = self.render_metrics()
+        names = http_request.query.getall("name[]", [])
+        if names and self.flavour in FILTERABLE:
+            page = restrict_page(page, names)
         return web.Response(
-            body=self.render_metrics().encode(),
+            body=page.encode(),
             headers={"Content-Type": content_type(self.flavour), BACKEND_ID_HEADER: self.name},
         )
 

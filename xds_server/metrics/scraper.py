@@ -99,12 +99,20 @@ DEFAULT_MAX_PAGE_BYTES = 1 << 20
 _EMPTY_OVERRIDES: Overrides = MappingProxyType({})
 
 
+# Engines whose /metrics is prometheus-client's exposition, which honours `name[]`.
+_FILTERABLE = frozenset({EngineKind.VLLM, EngineKind.SGLANG})
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScrapeTarget:
     """Where a pod's metrics page is and how to read it.
 
     `url` is the full page URL (`http://10.0.0.1:8000/metrics`); `engine` names the model
     server (see `engines.EngineKind`); `overrides` replace metric names per logical metric.
+    With `by_name`, an engine that serves its page with prometheus-client (vLLM, SGLang)
+    is asked for only the series the adapter reads (`?name[]=...`, prometheus-client's
+    own filter): 3 KB instead of 60, a fraction of the CPU per scrape. A server that
+    ignores the parameter sends its whole page, read as before.
     Raises `ConfigError` at construction for a URL that is not http(s) with a host, an
     unknown engine, or a bad override. `adapter` (the engine's reader) and `parsed_url` are
     derived once, here, rather than on every scrape.
@@ -113,6 +121,7 @@ class ScrapeTarget:
     url: str
     engine: EngineKind | str = EngineKind.VLLM
     overrides: Overrides = field(default_factory=lambda: _EMPTY_OVERRIDES)
+    by_name: bool = False
     adapter: EngineAdapter = field(init=False, repr=False, compare=False)
     parsed_url: URL = field(init=False, repr=False, compare=False)
 
@@ -124,11 +133,14 @@ class ScrapeTarget:
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ConfigError(f"Metrics URL {self.url!r} must be http:// or https:// with a host.")
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
+        adapter = engine_adapter(self.engine, overrides=self.overrides)
+        if self.by_name and adapter.engine in _FILTERABLE:
+            parsed = parsed.extend_query([("name[]", name) for name in sorted(adapter.families)])
         object.__setattr__(self, "parsed_url", parsed)
-        object.__setattr__(self, "adapter", engine_adapter(self.engine, overrides=self.overrides))
+        object.__setattr__(self, "adapter", adapter)
 
     def __hash__(self) -> int:
-        return hash((self.url, str(self.engine)))
+        return hash((self.url, str(self.engine), self.by_name))
 
 
 class ScraperState(enum.Enum):

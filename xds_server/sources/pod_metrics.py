@@ -59,6 +59,7 @@ def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
             targets[endpoint_id(endpoint)] = ScrapeTarget(
                 url=f"http://{host}:{port}{pool.metrics_path}",
                 engine=endpoint.engine or pool.engine,
+                by_name=config.balancing.scrape_by_name,
             )
     return targets
 
