@@ -264,6 +264,10 @@ class BalancingConfig(_Strict):
     # How often every pod's /metrics is read, and how long one read may take.
     scrape_interval_s: Annotated[float, Field(ge=0.05, le=60)] = 0.25
     scrape_timeout_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    # A quiet pod (nothing running or waiting, a page that reads as the last one) is
+    # scraped this often instead (null: every scrape_interval_s); the first scrape that
+    # finds it busy or changed brings it back to scrape_interval_s.
+    quiet_scrape_interval_s: Annotated[float, Field(ge=0.05, le=60)] | None = 0.5
     # Ask vLLM and SGLang (prometheus-client's exposition) for only the series read
     # (`/metrics?name[]=...`): a tenth of the bytes and a fraction of the CPU per scrape.
     scrape_by_name: bool = True

@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 from xds_server.errors import MetricsParseError, PageTooLargeError
@@ -83,6 +84,10 @@ _LABEL = re.compile(
     r"[ \t]*(?:([a-zA-Z_][a-zA-Z0-9_]*)|" + _QUOTED + r")[ \t]*=[ \t]*" + _QUOTED + r"[ \t]*(,)?"
 )
 _CLOSE = re.compile(r"[ \t]*\}")
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+# Label blocks already parsed (`_cached_labels`), by their text.
+_LABEL_CACHE: dict[str, Mapping[str, str]] = {}
+_LABEL_CACHE_SIZE = 4096
 _SUFFIX_PATTERN = "(?:" + "|".join(SUFFIXES) + ")?"
 
 
@@ -164,9 +169,9 @@ def _parse_line(text: str, start: int, name_end: int, budget: _Budget) -> Sample
     pos = name_end
     while pos < end and text[pos] in " \t":
         pos += 1
-    labels: dict[str, str] = {}
+    labels: Mapping[str, str] = _NO_LABELS
     if pos < end and text[pos] == "{":
-        pos = _parse_labels(text, start, pos + 1, end, name, labels, budget)
+        labels, pos = _cached_labels(text, start, pos + 1, end, name, budget)
     fields = text[pos:end].split()
     if not fields:
         raise _error(text, start, f"{name}: no value")
@@ -176,6 +181,35 @@ def _parse_line(text: str, start: int, name_end: int, budget: _Budget) -> Sample
     if len(fields) == 2:
         _number(text, start, name, fields[1], "timestamp")
     return Sample(name, labels, value)
+
+
+def _cached_labels(
+    text: str, start: int, pos: int, end: int, name: str, budget: _Budget
+) -> tuple[Mapping[str, str], int]:
+    """`_parse_labels` of the label block at `pos`, remembered by its text: a pod's label
+    sets are the same on every scrape (and across pods), so each is parsed once. The
+    block runs to the line's last `}` (a value after it has none); a block seen before
+    is the same labels whatever the line's value. Returns the labels (shared, read-only)
+    and the position after the brace."""
+    close = text.rfind("}", pos, end)
+    block = text[pos:close] if close != -1 else None
+    known = _LABEL_CACHE.get(block) if block is not None else None
+    if known is not None:
+        if len(known) > budget.labels:
+            raise PageTooLargeError(
+                f"more than {budget.limit} labels on the samples of the families read: "
+                "not read further",
+                line=text.count("\n", 0, start) + 1,
+            )
+        budget.labels -= len(known)
+        return known, close + 1
+    labels: dict[str, str] = {}
+    after = _parse_labels(text, start, pos, end, name, labels, budget)
+    if block is not None and after == close + 1:
+        if len(_LABEL_CACHE) >= _LABEL_CACHE_SIZE:
+            _LABEL_CACHE.clear()  # a page of ever-new label sets: bounded, not grown
+        _LABEL_CACHE[block] = MappingProxyType(labels)
+    return labels, after
 
 
 def _parse_labels(

@@ -60,6 +60,7 @@ from xds_server.metrics.engines import (
     engine_adapter,
 )
 from xds_server.metrics.fetching import HttpPageFetcher, PageFetcher
+from xds_server.metrics.keepalive import KeepAliveFetcher
 from xds_server.metrics.store import ErrorStreak, MetricsStore
 
 __all__ = [
@@ -152,7 +153,10 @@ class ScraperState(enum.Enum):
 class Scraper:
     """Scrapes a changing set of pods into `store`, as an async context manager.
 
-    `interval_s` is the time between scrapes of one pod, `timeout_s` the most one scrape may
+    `interval_s` is the time between scrapes of one pod; a quiet pod (nothing running or
+    waiting, and a page that reads as the last one did) is scraped every
+    `quiet_interval_s` instead (None: `interval_s`), back at `interval_s` from the first
+    scrape that finds it busy or changed. `timeout_s` the most one scrape may
     take (connect, request, whole body); both may be changed while open. `max_backoff_s`
     bounds the wait between retries of a failing pod (never less than `interval_s`).
     `max_page_bytes` caps the bytes read of one page (may be changed while open). `check`
@@ -163,7 +167,8 @@ class Scraper:
     clock the scraper sleeps on). `seed` fixes the jitter. `_iterations` ends each pod's
     loop after that many scrapes (tests only; see `join`).
 
-    Mutable state: `state`, `interval_s`, `timeout_s`, `max_page_bytes`, `check`,
+    Mutable state: `state`, `interval_s`, `quiet_interval_s`, `timeout_s`,
+    `max_page_bytes`, `check`,
     `_targets` and `_tasks` (pod id -> target, its task), `_stopping` (tasks of removed
     pods, cancelled, not yet finished), `_callback_failing` (callbacks whose failure was
     logged). Changed only on the event loop.
@@ -174,6 +179,7 @@ class Scraper:
         store: MetricsStore,
         *,
         interval_s: float = 0.25,
+        quiet_interval_s: float | None = None,
         timeout_s: float = 1.0,
         max_connections: int = 256,
         max_backoff_s: float = 2.0,
@@ -192,19 +198,20 @@ class Scraper:
         self._interval_s = self._timeout_s = 1.0
         self._max_page_bytes = DEFAULT_MAX_PAGE_BYTES
         self.interval_s = interval_s
+        self.quiet_interval_s = quiet_interval_s
         self.timeout_s = timeout_s
         self.max_page_bytes = max_page_bytes
         self.max_backoff_s = max_backoff_s
         self.check = check
-        self._fetcher: PageFetcher = (
-            fetcher
-            if fetcher is not None
-            else HttpPageFetcher(
+        if fetcher is None:
+            # aiohttp for gzip and TLS; plain pages on the lean keep-alive fetcher.
+            aiohttp_fetcher = HttpPageFetcher(
                 max_connections=max_connections,
                 compress=compress,
                 keepalive_s=max(30.0, 4 * interval_s),
             )
-        )
+            fetcher = aiohttp_fetcher if compress else KeepAliveFetcher(tls=aiohttp_fetcher)
+        self._fetcher: PageFetcher = fetcher
         self.state = ScraperState.UNOPENED
         self._on_update = on_update
         self._observe_error = observe_error
@@ -356,31 +363,40 @@ class Scraper:
         attempts = 0
         while True:
             await asyncio.sleep(max(0.0, deadline - self._clock()))
-            streak = await self._scrape_and_record(pod_id, target)
+            streak, quiet = await self._scrape_and_record(pod_id, target)
             attempts += 1
             if self._iterations is not None and attempts >= self._iterations:
                 return
-            deadline = self._schedule(deadline, self._clock(), streak)
+            deadline = self._schedule(deadline, self._clock(), streak, quiet=quiet)
 
-    def _schedule(self, deadline: float, now: float, streak: ErrorStreak | None) -> float:
+    def _schedule(
+        self, deadline: float, now: float, streak: ErrorStreak | None, *, quiet: bool = False
+    ) -> float:
         """When to scrape next, after a scrape due at `deadline` ended at `now`.
 
         Healthy: the next slot of the pod's own grid (missed slots are skipped, not
-        bunched). Failing: exponential backoff from `interval_s`, doubling per failure up
-        to `max_backoff_s`, with ±10% jitter so failing pods do not retry together.
+        bunched), `quiet_interval_s` apart for a quiet pod. Failing: exponential backoff
+        from `interval_s`, doubling per failure up to `max_backoff_s`, with ±10% jitter so
+        failing pods do not retry together.
         """
         if streak is None:
-            deadline += self.interval_s
+            step = self.interval_s
+            if quiet and self.quiet_interval_s is not None:
+                step = max(step, self.quiet_interval_s)
+            deadline += step
             if deadline <= now:
-                deadline += (now - deadline) // self.interval_s * self.interval_s
-                deadline += self.interval_s
+                deadline += (now - deadline) // step * step
+                deadline += step
             return deadline
         longest = max(self.max_backoff_s, self.interval_s)
         backoff = min(longest, self.interval_s * 2.0 ** min(streak.count - 1, 30))
         return now + backoff * self._rng.uniform(0.9, 1.1)
 
-    async def _scrape_and_record(self, pod_id: str, target: ScrapeTarget) -> ErrorStreak | None:
-        """Scrape once and record the outcome; returns the error streak, None on success."""
+    async def _scrape_and_record(
+        self, pod_id: str, target: ScrapeTarget
+    ) -> tuple[ErrorStreak | None, bool]:
+        """Scrape once and record the outcome; returns the error streak (None on success)
+        and whether the pod is quiet (`quiet_interval_s`)."""
         started = self._clock()
         internal: BaseException | None = None
         try:
@@ -391,7 +407,11 @@ class Scraper:
             kind, message, internal = ScrapeErrorKind.INTERNAL, f"{type(exc).__name__}: {exc}", exc
         else:
             finished = self._clock()
+            revision = self.store.revision
             ended = self.store.record_success(pod_id, metrics, now=finished)
+            quiet = (
+                metrics.running == 0 and metrics.waiting == 0 and self.store.revision == revision
+            )
             if ended is not None:
                 logger.info(
                     "Scraping pod %s (%s) works again after %d failed attempts over %.1f s; "
@@ -406,7 +426,7 @@ class Scraper:
                 self._callback(pod_id, "observe_scrape", self._observe_scrape, finished - started)
             if self._on_update is not None:
                 self._callback(pod_id, "on_update", self._on_update)
-            return None
+            return None, quiet
         streak = self.store.record_error(
             pod_id, message, now=self._clock(), down=kind is ScrapeErrorKind.CONNECT
         )
@@ -434,7 +454,7 @@ class Scraper:
             )
         else:
             logger.debug("Scrape of pod %s failed (%d in a row): %s", pod_id, streak.count, message)
-        return streak
+        return streak, False
 
     def _callback(
         self, pod_id: str, name: str, callback: Callable[..., None], *args: object

@@ -177,6 +177,7 @@ def follow_config(scraper: Scraper, config: RoutingConfig) -> None:
     limits and its peers' check; forget the rest."""
     balancing = config.balancing
     scraper.interval_s = balancing.scrape_interval_s
+    scraper.quiet_interval_s = balancing.quiet_scrape_interval_s
     scraper.timeout_s = balancing.scrape_timeout_s
     scraper.max_page_bytes = balancing.max_metrics_page_bytes
     scraper.set_targets(scrape_targets(config))
