@@ -106,9 +106,8 @@ async def test_two_envoys_admit_within_the_pool_limit_by_strict_priority(  # typ
         # The fleet-wide budget, each Envoy's part of it, and how many Envoys share it.
         assert sample("xds_band_budget", band="critical") == 1_000_000
         assert registry.get_sample_value("xds_fleet_envoys") == 2
-        assert (
-            sample("xds_envoy_band_limit", band="critical", node="envoy-second") == 1_000_000
-        )
+        assert sample("xds_band_envoy_limit_min", band="critical") == 1_000_000
+        assert sample("xds_band_envoy_limit_max", band="critical") == 1_000_000
         await eventually(
             lambda: (sample("xds_band_refused_total", band="sheddable") or 0) >= 1,
             what="a sheddable refusal in the metrics",

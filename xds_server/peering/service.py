@@ -73,9 +73,15 @@ class PeeringServer:
         loop = asyncio.get_running_loop()
         last = b""
         sent_at = float("-inf")
+        encoded: tuple[ReplicaReport, bytes] | None = None
         try:
             while True:
-                body = self._report().model_dump_json().encode()
+                # The report is the same object while nothing changed (fleet_load.py):
+                # encoded once, not every interval for every peer.
+                report = self._report()
+                if encoded is None or encoded[0] is not report:
+                    encoded = (report, report.model_dump_json().encode())
+                body = encoded[1]
                 if body != last or loop.time() - sent_at >= self._heartbeat_s:
                     yield body
                     last, sent_at = body, loop.time()

@@ -1,6 +1,6 @@
 """Flow-control Prometheus metrics, per pool and band, read at scrape time.
 
-Budgets, each Envoy's limits, Retry-After, capacity, saturation and requests in flight
+Budgets, the spread of the Envoys' limits, Retry-After, capacity, saturation and requests in flight
 (over the fleet) are what the policy last decided from (`Decision.admissions`); admitted
 and refused requests are what this replica's Envoys reported over LRS, by pool and band.
 A collector, like pods.py, so that pools, bands and Envoys that go away leave no stale
@@ -67,10 +67,19 @@ class BandCollector(Collector):
             "Requests of the band the whole fleet of Envoys admits at once.",
             labels=labels,
         )
-        envoy_limit = GaugeMetricFamily(
-            "xds_envoy_band_limit",
-            "Requests of the band this Envoy admits at once: its part of the budget.",
-            labels=[*labels, "node"],
+        # Per Envoy would be pools x bands x Envoys series (150,000 for 100 pools and
+        # 500 Envoys, a second of the event loop per scrape): the spread instead, and
+        # each Envoy's own on /debug/nodes.
+        envoy_min = GaugeMetricFamily(
+            "xds_band_envoy_limit_min",
+            "The smallest part of the band's budget an Envoy holds (requests it admits at"
+            " once).",
+            labels=labels,
+        )
+        envoy_max = GaugeMetricFamily(
+            "xds_band_envoy_limit_max",
+            "The largest part of the band's budget an Envoy holds.",
+            labels=labels,
         )
         envoys = GaugeMetricFamily(
             "xds_fleet_envoys",
@@ -118,8 +127,10 @@ class BandCollector(Collector):
             for band in BANDS:
                 limit.add_metric([name, band], admission.max_requests[band])
                 budget.add_metric([name, band], admission.budget[band])
-                for node in sorted(admission.by_envoy):
-                    envoy_limit.add_metric([name, band, node], admission.by_envoy[node][band])
+                parts = [limits[band] for limits in admission.by_envoy.values()]
+                if parts:
+                    envoy_min.add_metric([name, band], min(parts))
+                    envoy_max.add_metric([name, band], max(parts))
                 in_flight.add_metric([name, band], admission.in_flight[band])
                 retry_after.add_metric([name, band], admission.retry_after_s[band])
                 counted = totals.get((name, band))
@@ -130,7 +141,8 @@ class BandCollector(Collector):
         yield from (
             limit,
             budget,
-            envoy_limit,
+            envoy_min,
+            envoy_max,
             envoys,
             in_flight,
             retry_after,

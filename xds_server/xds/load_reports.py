@@ -202,9 +202,10 @@ class LoadReports:
             previous = entry.clusters.get(stats.cluster_name)
             if load.by_endpoint != (previous.by_endpoint if previous is not None else {}):
                 changed.add(stats.cluster_name)
-            if previous is None or (load.in_progress, load.rates) != (
+            if previous is None or (load.in_progress, load.rates, load.by_endpoint) != (
                 previous.in_progress,
                 previous.rates,
+                previous.by_endpoint,
             ):
                 self.revision += 1
             entry.clusters[stats.cluster_name] = load
