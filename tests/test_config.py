@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,14 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xds_server.config import ParseLimits, load_config, load_yaml, parse_config, read_document
+from xds_server.config import (
+    ParseLimits,
+    load_config,
+    load_document,
+    load_yaml,
+    parse_config,
+    read_document,
+)
 from xds_server.errors import ConfigError
 
 GOOD = """
@@ -184,12 +192,37 @@ def test_aliases_within_the_limits_still_work() -> None:
     assert config.pools[1].endpoints == config.pools[0].endpoints
 
 
+def test_a_json_document_reads_as_its_yaml_reading() -> None:
+    """JSON (what tools generate) takes the fast loader; it must mean what YAML reads."""
+    document = {
+        "listener": {"port": 8080},
+        "pools": [
+            {
+                "name": "p",
+                "models": ["m"],
+                "endpoints": [{"address": "10.0.0.1", "port": 8000, "weight": 2}],
+            }
+        ],
+    }
+    text = json.dumps(document, indent=2)
+    assert load_document(text, source="c", limits=SMALL) == load_yaml(
+        text, source="c", limits=SMALL
+    )
+    assert parse_config(text) == parse_config(yaml.safe_dump(document))
+    # Not JSON after all (a flow mapping, NaN): the YAML loader reads it.
+    assert load_document("{a: 1}", source="c", limits=SMALL) == {"a": 1}
+    assert load_document('{"a": NaN}', source="c", limits=SMALL) == {"a": "NaN"}
+    # Just as deep as allowed: read.
+    assert load_document('{"x": ' + "[" * 7 + "]" * 7 + "}", source="c", limits=SMALL)
+
+
 @pytest.mark.parametrize(
     ("document", "message"),
     [
         ("a: &a [1, *a]", "refused: the alias *a is inside its own anchor (a cycle)"),
         ("a: &a {b: *a}", "refused: the alias *a is inside its own anchor (a cycle)"),
         ("x: " + "[" * 8 + "]" * 8, "refused: nested deeper than 8 levels"),
+        ('{"x": ' + "[" * 8 + "]" * 8 + "}", "refused: nested deeper than 8 levels"),
         ("".join(" " * i + "-\n" for i in range(12)), "refused: nested deeper than 8 levels"),
         ("a: *nowhere", "not valid YAML: found undefined alias 'nowhere'"),
         ("a: &x 1\nb: &x 2", "not valid YAML: found duplicate anchor 'x'"),

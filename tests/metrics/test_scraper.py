@@ -438,7 +438,8 @@ async def test_quiet_pods_are_scraped_less_often_and_busy_ones_at_the_interval(
     server: FakeMetricsServer,
 ) -> None:
     """An idle pod whose page does not change costs a fifth of the scrapes; one with a
-    request running (the fake server's page) is scraped at the interval."""
+    queue is scraped at the interval, changed or not."""
+    server.waiting = 3
     recorder = Recorder()
     async with (
         SimulatedPod("idle") as idle,

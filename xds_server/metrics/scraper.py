@@ -153,10 +153,10 @@ class ScraperState(enum.Enum):
 class Scraper:
     """Scrapes a changing set of pods into `store`, as an async context manager.
 
-    `interval_s` is the time between scrapes of one pod; a quiet pod (nothing running or
-    waiting, and a page that reads as the last one did) is scraped every
+    `interval_s` is the time between scrapes of one pod; a quiet pod (nothing waiting, and
+    a page that reads as the last one did) is scraped every
     `quiet_interval_s` instead (None: `interval_s`), back at `interval_s` from the first
-    scrape that finds it busy or changed. `timeout_s` the most one scrape may
+    scrape that finds it queueing or changed. `timeout_s` the most one scrape may
     take (connect, request, whole body); both may be changed while open. `max_backoff_s`
     bounds the wait between retries of a failing pod (never less than `interval_s`).
     `max_page_bytes` caps the bytes read of one page (may be changed while open). `check`
@@ -409,9 +409,7 @@ class Scraper:
             finished = self._clock()
             revision = self.store.revision
             ended = self.store.record_success(pod_id, metrics, now=finished)
-            quiet = (
-                metrics.running == 0 and metrics.waiting == 0 and self.store.revision == revision
-            )
+            quiet = metrics.waiting == 0 and self.store.revision == revision
             if ended is not None:
                 logger.info(
                     "Scraping pod %s (%s) works again after %d failed attempts over %.1f s; "
