@@ -33,6 +33,44 @@ async def test_yields_on_change_only(tmp_path: Path) -> None:
     assert len(seen) == 1 and isinstance(seen[0], RoutingConfig)
 
 
+@pytest.mark.parametrize("how", ["in place", "renamed over", "symlink swapped"])
+async def test_a_change_is_seen_at_once_not_at_the_next_poll(tmp_path: Path, how: str) -> None:
+    """The directory is watched (inotify): a write, an atomic rename over the file, or a
+    ConfigMap-style symlink swap is read within moments, though the poll is minutes away."""
+    path = tmp_path / "config.yaml"
+    if how == "symlink swapped":
+        (tmp_path / "v1").mkdir()
+        (tmp_path / "v1" / "config.yaml").write_text(GOOD)
+        (tmp_path / "..data").symlink_to("v1")
+        path.symlink_to("..data/config.yaml")
+    else:
+        path.write_text(GOOD)
+    changed = "pools: [{name: b, models: [m]}]"
+    loop = asyncio.get_running_loop()
+    written_at = 0.0
+    seen: list[RoutingConfig | ConfigError] = []
+    async with asyncio.timeout(60):
+        async for item in watch_config_file(path, interval_s=300):
+            seen.append(item)
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.2)  # the watcher is back to waiting
+            written_at = loop.time()
+            if how == "in place":
+                path.write_text(changed)
+            elif how == "renamed over":
+                (tmp_path / "next.yaml").write_text(changed)
+                os.replace(tmp_path / "next.yaml", path)
+            else:
+                (tmp_path / "v2").mkdir()
+                (tmp_path / "v2" / "config.yaml").write_text(changed)
+                (tmp_path / "..data_next").symlink_to("v2")
+                os.replace(tmp_path / "..data_next", tmp_path / "..data")
+    assert isinstance(seen[1], RoutingConfig) and seen[1].pools[0].name == "b"
+    # Far sooner than the 300 s poll (a parse in a warm child takes a fraction of a second).
+    assert loop.time() - written_at < 30
+
+
 async def test_bad_then_good_then_missing(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("pools: []")
