@@ -27,6 +27,7 @@ from types import TracebackType
 from aiohttp import web
 
 from bench.scrape_cost import synthetic_page
+from llm_sim.metrics_text import restrict_page
 
 __all__ = ["BUSY", "FakePods", "IDLE", "PodLoad", "render_page"]
 
@@ -88,6 +89,9 @@ class FakePods:
     def __init__(self, count: int) -> None:
         self._count = count
         self._bodies = {IDLE: render_page(IDLE), BUSY: render_page(BUSY)}
+        # Pages restricted to the series asked for (`?name[]=`, as prometheus-client, which
+        # vLLM serves /metrics with, answers), by page and names.
+        self._restricted: dict[tuple[bytes, tuple[str, ...]], bytes] = {}
         self._pods = [_Pod(body=self._bodies[IDLE]) for _ in range(count)]
         self._by_port: dict[int, _Pod] = {}
         self._runner: web.AppRunner | None = None
@@ -133,7 +137,14 @@ class FakePods:
             pod.served = time.monotonic()
             if pod.event is not None:
                 pod.event.set()
-        return web.Response(body=pod.body, content_type="text/plain")
+        names = tuple(sorted(request.query.getall("name[]", [])))
+        body = pod.body
+        if names:
+            key = (pod.body, names)
+            if key not in self._restricted:
+                self._restricted[key] = restrict_page(pod.body.decode(), names).encode()
+            body = self._restricted[key]
+        return web.Response(body=body, content_type="text/plain")
 
     def switch(self, index: int, load: PodLoad) -> None:
         """Make pod `index` serve `load`'s page from now on."""

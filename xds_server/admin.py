@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from xds_server.clock import to_thread
 from xds_server.controller import Controller
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import SnapshotCache
@@ -91,7 +92,11 @@ def make_admin_app(
     del registry, cache, discovery, load_reports, fleet
 
     async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(telemetry.registry)
+        # In a worker thread: at fleet size the page is thousands of series (60-120 ms of
+        # prometheus-client), which would hold the event loop; a thread hands the loop the
+        # interpreter every few milliseconds. The collectors read immutable decisions and
+        # copies of what the loop changes.
+        body = await to_thread(generate_latest, telemetry.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:

@@ -42,7 +42,7 @@ from xds_server.sources.routing_config import routing_config_documents
 from xds_server.telemetry import Telemetry
 from xds_server.telemetry.bands import BandCollector
 from xds_server.telemetry.kubernetes import KubernetesTelemetry
-from xds_server.telemetry.loop_lag import watch_loop_lag
+from xds_server.telemetry.loop_lag import timing_gc, watch_loop_lag
 from xds_server.telemetry.pods import PodCollector
 from xds_server.telemetry.scrape import ScrapeTelemetry
 from xds_server.xds.access_logs import AccessLogServer, PrefillingPrompts
@@ -242,6 +242,7 @@ class XdsApplication:
             stack.push_async_callback(self._debug.stop)
             self._start_tasks()
             stack.push_async_callback(self._stop_tasks)
+            stack.enter_context(timing_gc(self.telemetry))
             self.peers.set_peers(self.settings.peers)
             stack.push_async_callback(self.peers.close)
             self._stack = stack.pop_all()

@@ -119,6 +119,8 @@ class Controller:
         # The config, signals and load of the last decision, and whether the memory it
         # returned was the one it was given (then the same inputs decide the same).
         self._decided_on: tuple[object, object, object] | None = None
+        # How long the last decision and build took (wall time, slices included).
+        self._last_decision_s = 0.0
         self._memory_settled = False
         self._built: tuple[RoutingConfig, Decision] | None = None
         self.last_error: str | None = None
@@ -242,10 +244,13 @@ class Controller:
             self._schedule_soon()
 
     def _schedule_soon(self) -> None:
-        """Decide at once, but at most every LOAD_DECISION_GAP_S: a stream of load changes
-        or connects (however many Envoys) cannot push Envoys more often than that. A
+        """Decide at once, but at most every LOAD_DECISION_GAP_S, or the last decision's
+        own duration if longer: a stream of load changes or connects (however many
+        Envoys) cannot push Envoys more often than that, nor keep the loop deciding more
+        than half the time (a rollout of 500 Envoys is a few dozen decisions, not 500). A
         decision due by then reads the latest inputs: nothing more to schedule."""
-        at = max(self._clock(), self._last_load_decision + LOAD_DECISION_GAP_S)
+        gap = max(LOAD_DECISION_GAP_S, self._last_decision_s)
+        at = max(self._clock(), self._last_load_decision + gap)
         if self._dirty_since is not None and self._deadline <= at:
             return
         self._last_load_decision = at
@@ -355,9 +360,11 @@ class Controller:
             self._dirty_since = None
             return
         self._dirty_since = None
+        started = time.perf_counter()
         try:
             await self._decide_and_build(config, inputs)
         finally:
+            self._last_decision_s = time.perf_counter() - started
             # Settled unless a change came while this one was worked out in slices.
             if self._dirty_since is None:
                 self._settled.set()

@@ -74,6 +74,8 @@ class EnvoyLoad:
         self._replica = replica
         self._registry = registry
         self._peers = peers
+        # The report of each Envoy known over ADS only, as last made.
+        self._ads_only: dict[str, EnvoyReport] = {}
         # The last local report and fleet load, with what they were made from.
         self._local: tuple[object, ReplicaReport] | None = None
         self._fleet: tuple[object, FleetLoad] | None = None
@@ -130,11 +132,17 @@ class EnvoyLoad:
                 clusters=clusters,
                 prefilling=prefilling.get(node.node_id),
             )
+        ads_only = {}
         for record in self._registry.streams() if self._registry is not None else ():
             if record.node_id and record.node_id not in envoys:
-                envoys[record.node_id] = EnvoyReport(
-                    node_id=record.node_id, prefilling=prefilling.get(record.node_id)
-                )
+                logs = prefilling.get(record.node_id)
+                # Validated once per Envoy, not per change: at fleet size this ran 500
+                # times for every Envoy that connected.
+                known = self._ads_only.get(record.node_id)
+                if known is None or known.prefilling != logs:
+                    known = EnvoyReport(node_id=record.node_id, prefilling=logs)
+                envoys[record.node_id] = ads_only[record.node_id] = known
+        self._ads_only = ads_only
         return ReplicaReport(replica=self._replica, envoys=tuple(envoys[n] for n in sorted(envoys)))
 
     # -- the fleet ---------------------------------------------------------------------------

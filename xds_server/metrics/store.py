@@ -183,7 +183,9 @@ class MetricsStore:
     def snapshot(self, now: float) -> Mapping[str, PodObservation]:
         """Every pod's observation at `now`, as an immutable mapping (a copy: later scrapes
         do not change it)."""
-        return MappingProxyType({pod_id: _observe(pod, now) for pod_id, pod in self._pods.items()})
+        # Over a copy (atomic under the GIL): /metrics reads this from a worker thread.
+        pods = list(self._pods.items())
+        return MappingProxyType({pod_id: _observe(pod, now) for pod_id, pod in pods})
 
     def _update_rate(self, pod: _Pod, metrics: PodMetrics, now: float) -> None:
         hits = metrics.prefix_cache_hits_tokens

@@ -9,10 +9,15 @@ the fleet benchmark's `loop_stall_max_s` reads and an operator can alert on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import time
+from collections.abc import Iterator
+from typing import Any
 
 from xds_server.telemetry.server import Telemetry
 
-__all__ = ["LOOP_LAG_INTERVAL_S", "watch_loop_lag"]
+__all__ = ["LOOP_LAG_INTERVAL_S", "timing_gc", "watch_loop_lag"]
 
 # Often enough to see a 50 ms stall, seldom enough to cost nothing (20 wake-ups a second).
 LOOP_LAG_INTERVAL_S = 0.05
@@ -38,3 +43,23 @@ async def watch_loop_lag(
         if lag > largest:
             largest = lag
             telemetry.loop_lag_max.set(lag)
+
+
+@contextlib.contextmanager
+def timing_gc(telemetry: Telemetry) -> Iterator[None]:
+    """Within: every pause of the cyclic garbage collector is recorded
+    (`xds_gc_pause_seconds{generation}`), the one stall the loop-lag timer cannot name."""
+    started: list[float] = []
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pause = time.perf_counter() - started.pop()
+            telemetry.gc_pause.labels(str(info.get("generation", ""))).observe(pause)
+
+    gc.callbacks.append(callback)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(callback)

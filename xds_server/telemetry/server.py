@@ -145,6 +145,14 @@ class Telemetry:
             "The largest event-loop lag since the server started.",
             registry=r,
         )
+        self.gc_pause = Histogram(
+            "xds_gc_pause_seconds",
+            "Python's cyclic garbage collector's pauses, by generation (they stop the event"
+            " loop like any other work).",
+            ["generation"],
+            buckets=_PUSH_BUCKETS,
+            registry=r,
+        )
         self._version_labels: dict[tuple[str, str], str] = {}
 
     def record_snapshot_version(self, *, group: str, type_name: str, version: str) -> None:

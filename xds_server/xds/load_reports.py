@@ -243,7 +243,8 @@ class LoadReports:
     # -- queries ---------------------------------------------------------------------------
 
     def _loads(self, cluster: str, group: str | None) -> Iterator[ClusterLoad]:
-        for entry in self._nodes.values():
+        # A copy (atomic under the GIL): /metrics reads this from a worker thread.
+        for entry in list(self._nodes.values()):
             if group is None or entry.group == group:
                 load = entry.clusters.get(cluster)
                 if load is not None:
@@ -260,7 +261,7 @@ class LoadReports:
         connected Envoys (of `group`; None: all) but those whose node id is in `excluding`;
         endpoints with none are left out."""
         total: dict[str, int] = {}
-        for entry in self._nodes.values():
+        for entry in list(self._nodes.values()):
             load = entry.clusters.get(cluster)
             if load is None or entry.node_id in excluding:
                 continue
@@ -287,7 +288,7 @@ class LoadReports:
 
     def clusters(self) -> frozenset[str]:
         """Every cluster some connected Envoy reports."""
-        return frozenset(name for e in self._nodes.values() for name in e.clusters)
+        return frozenset(name for e in list(self._nodes.values()) for name in list(e.clusters))
 
     def to_json(self) -> list[dict[str, object]]:
         """For /debug: per connected Envoy, its latest figures per cluster and their age."""
