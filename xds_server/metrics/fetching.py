@@ -5,7 +5,8 @@ The scraper (scraper.py) decides when and what to scrape, and what a page means;
 instead of patching aiohttp, and every aiohttp error is translated here, at the boundary,
 into `ScrapeError`.
 
-`HttpPageFetcher` keeps one aiohttp `ClientSession` for every pod: keep-alive connections
+`HttpPageFetcher` (the scraper's for gzip and https; plain pages go to the leaner
+keepalive.py) keeps one aiohttp `ClientSession` for every pod: keep-alive connections
 (a scrape is one request on an open connection, no handshake), at most `max_connections`
 at once, no cookies, no proxy from the environment, and no compression by default (gzip
 cuts a 59 KB page to ~9 KB on the wire but costs the pod CPU to compress and us ~30% more

@@ -8,8 +8,10 @@ measures the CPU per scrape) and must never stall or crash on a bad pod.
   then every `interval_s` on absolute deadlines, so a thousand pods are spread over the
   interval instead of being fetched in lockstep, and a slow scrape does not shift the next.
   A pod has at most one scrape in flight; the next one waits.
-- Pages are got through a `PageFetcher` (fetching.py): by default one aiohttp session for
-  every pod, with keep-alive connections; tests may pass their own.
+- Pages are got through a `PageFetcher` (fetching.py): by default one kept-alive
+  connection per pod with httptools' parser (keepalive.py), aiohttp for gzip and https;
+  tests may pass their own. vLLM and SGLang are asked for only the series read
+  (`ScrapeTarget.by_name`).
 - A failed scrape (connect, timeout, HTTP status, broken body, a page over
   `max_page_bytes` or over the parser's caps, an unparseable page, a page not believed:
   the tree in `errors`) is recorded in the store, counted through `observe_error`, and
@@ -25,11 +27,12 @@ measures the CPU per scrape) and must never stall or crash on a bad pod.
   set by whoever knows the pools (sources/pod_metrics.py); a page it refuses is a failed
   scrape like any other.
 - The page is parsed on the event loop: the fast parser reads a 59 KB vLLM page in ~0.1 ms,
-  less than handing it to a thread would cost. A whole scrape (request, page, parse,
-  store) costs ~0.4 ms of CPU here at 2,000 scrapes a second, ~0.5 ms at low rates
-  (bench/scrape_cost.py), hence the default `interval_s` of 0.25 s: 200 pods take about a
-  third of one core, and what changes faster than that is Envoy's to handle, through its
-  per-request least-request counting (DESIGN.md, principle 2).
+  less than handing it to a thread would cost, and a page asked by name in ~0.01 ms. A
+  whole scrape (request, page, parse, store) costs ~0.15 ms of CPU here
+  (bench/scrape_cost.py): 2,000 busy pods at 0.25 s take 1.2 cores. A quiet pod (no
+  queue, the same page as the last) is scraped every `quiet_interval_s` instead, so an
+  idle fleet costs half that; what changes faster than the interval is Envoy's to
+  handle, through its per-request least-request counting (DESIGN.md, principle 2).
 
 After each successful scrape, and after each that could not connect at all (the pod is
 down), the optional, synchronous `on_update(pod_id)` runs (the controller decides again
