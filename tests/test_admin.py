@@ -83,6 +83,12 @@ async def test_probes_metrics_and_debug_views(tmp_path: Path) -> None:
         assert stream["node_id"] == "envoy-7" and stream["acked_versions"] == {
             "cds": cds.version_info
         }
+        # One Envoy's view (a whole fleet's is megabytes): only that node, or none.
+        status, body = await get(views, "/debug/nodes?node=envoy-7")
+        assert [s["node_id"] for s in body["streams"]] == ["envoy-7"]  # type: ignore[index]
+        status, body = await get(views, "/debug/nodes?node=no-such-envoy")
+        assert status == 200 and body["streams"] == []  # type: ignore[index]
+        assert body["fleet"]["envoys"] == []  # type: ignore[index]
         status, body = await get(views, "/debug/snapshot")
         groups = body["groups"]  # type: ignore[index]
         assert groups["(default)"]["cds"]["version"] == cds.version_info

@@ -60,6 +60,12 @@ def _json(payload: Any, *, status: int = 200) -> web.Response:
     )
 
 
+async def _json_off_loop(payload: Any) -> web.Response:
+    """`_json`, encoded in a worker thread: a debug view of a large fleet is megabytes."""
+    body = await to_thread(json.dumps, payload, indent=2, sort_keys=True)
+    return web.Response(text=body, content_type="application/json")
+
+
 class DebugSource(Protocol):
     """Something with more to show on /debug/config (Kubernetes discovery)."""
 
@@ -80,7 +86,7 @@ def make_admin_app(
     cache: SnapshotCache | None = None,
     discovery: DebugSource | None = None,
     load_reports: Callable[[], Any] | None = None,
-    fleet: Callable[[], Any] | None = None,
+    fleet: Callable[[str | None], Any] | None = None,
 ) -> web.Application:
     """The admin listener's app: /metrics, /healthz and /readyz; nothing under /debug.
 
@@ -124,19 +130,25 @@ def make_debug_app(
     controller: Controller,
     discovery: DebugSource | None = None,
     load_reports: Callable[[], Any] | None = None,
-    fleet: Callable[[], Any] | None = None,
+    fleet: Callable[[str | None], Any] | None = None,
 ) -> web.Application:
     """The debug listener's app: /debug/nodes, /debug/snapshot and /debug/config (see the
     module docstring). `discovery` None shows `"kubernetes": null`; `load_reports` and
     `fleet` None show `null` for the Envoys' load reports and for the fleet. Serve it on
     loopback unless the operator asked otherwise."""
 
-    async def nodes(_: web.Request) -> web.Response:
-        return _json(
+    async def nodes(request: web.Request) -> web.Response:
+        node = request.query.get("node")
+        streams = registry.to_json()
+        reports = None if load_reports is None else load_reports()
+        if node is not None:
+            streams = [s for s in streams if s.get("node_id") == node]
+            reports = None if reports is None else [r for r in reports if r.get("node_id") == node]
+        return await _json_off_loop(
             {
-                "streams": registry.to_json(),
-                "load_reports": None if load_reports is None else load_reports(),
-                "fleet": None if fleet is None else fleet(),
+                "streams": streams,
+                "load_reports": reports,
+                "fleet": None if fleet is None else fleet(node),
             }
         )
 

@@ -209,12 +209,15 @@ class XdsApplication:
     def _metrics_changed(self, _pod_id: str) -> None:
         self.controller.metrics_changed()
 
-    def _fleet_json(self) -> dict[str, object]:
-        """For /debug/nodes: the peers, and the fleet's Envoys as the policy counts them."""
+    def _fleet_json(self, node: str | None = None) -> dict[str, object]:
+        """For /debug/nodes: the peers, and the fleet's Envoys as the policy counts them
+        (only `node`, when given)."""
         return {
             "replica": self.settings.replica,
             "peers": self.peers.to_json(),
-            **self.envoy_load.to_json(self.controller.config, self.controller.decision),
+            **self.envoy_load.to_json(
+                self.controller.config, self.controller.decision, node=node
+            ),
         }
 
     def _own_report(self) -> ReplicaReport:

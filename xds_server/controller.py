@@ -161,7 +161,7 @@ class Controller:
         self._accepted()
         if self._first_config_at is None:
             self._first_config_at = self._clock()
-        self._config = config
+        self._config = _unchanged_pools_kept(config, self._config)
         self._schedule(extend=True)
 
     def _accepted(self) -> None:
@@ -417,6 +417,22 @@ class Controller:
                 ", ".join(f"{t.short} {snapshot.versions[t]}" for t in ResourceType),
             )
         self.snapshot = snapshot
+
+
+def _unchanged_pools_kept(config: RoutingConfig, before: RoutingConfig | None) -> RoutingConfig:
+    """`config` with each pool equal to one of `before` replaced by that very object: the
+    policy, the builders and their caches (per pool) then tell an unchanged pool by
+    identity, and a one-pool edit of a 100-pool config rebuilds one pool, once, instead of
+    comparing 10,000 endpoints at every step."""
+    if before is None:
+        return config
+    known = {pool.name: pool for pool in before.pools}
+    pools = tuple(
+        known[pool.name] if known.get(pool.name) == pool else pool for pool in config.pools
+    )
+    if all(a is b for a, b in zip(pools, config.pools, strict=True)):
+        return config
+    return config.model_copy(update={"pools": pools})
 
 
 async def _sliced(steps: Steps[T]) -> T:
