@@ -12,6 +12,7 @@ RTDS); they share every other serialized resource with the group's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -23,11 +24,20 @@ from envoy.config.core.v3 import base_pb2
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["CacheEntry", "DEFAULT_GROUP", "NodeHash", "SnapshotCache", "by_node_cluster"]
+__all__ = [
+    "CacheEntry",
+    "DEFAULT_GROUP",
+    "NodeHash",
+    "SnapshotCache",
+    "WAKE_BATCH",
+    "by_node_cluster",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_GROUP = ""
+# Streams woken per pass of the event loop when a snapshot changes (_wake_in_batches).
+WAKE_BATCH = 32
 
 
 class NodeHash(Protocol):
@@ -49,6 +59,22 @@ class CacheEntry:
     snapshot: Snapshot
     # Monotonic time the snapshot was set; push latency is measured from here.
     born: float
+
+
+def _wake_in_batches(callbacks: list[Callable[[], None]]) -> None:
+    """Call `callbacks`, WAKE_BATCH now and WAKE_BATCH more per pass of the event loop: each
+    wakes a stream that then builds and sends its response, and 500 streams woken at once
+    would all run in one pass, holding ACKs, load reports and probes for 100 ms."""
+    for callback in callbacks[:WAKE_BATCH]:
+        callback()
+    if len(callbacks) > WAKE_BATCH:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a unit test): all at once
+            for callback in callbacks[WAKE_BATCH:]:
+                callback()
+            return
+        loop.call_soon(_wake_in_batches, callbacks[WAKE_BATCH:])
 
 
 class SnapshotCache:
@@ -102,10 +128,13 @@ class SnapshotCache:
             dict(snapshot.versions),
             len(nodes),
         )
-        for key, versions in before.items():
-            if self._versions(*key) != versions:
-                for callback in list(self._watchers.get(key, ())):
-                    callback()
+        woken = [
+            callback
+            for key, versions in before.items()
+            if self._versions(*key) != versions
+            for callback in list(self._watchers.get(key, ()))
+        ]
+        _wake_in_batches(woken)
         return True
 
     @staticmethod
