@@ -297,3 +297,18 @@ async def test_a_changed_cluster_gets_its_own_assignment_again_and_only_that(ads
     resent = await client.recv()
     assert resent.type_url == EDS and names(resent) == ["b"]
     assert resent.version_info == eds.version_info
+
+
+async def test_a_name_asked_for_again_is_sent_again(ads, clients) -> None:  # type: ignore[no-untyped-def]
+    """Partial EDS responses track what the client holds by name; a name it stopped asking
+    for is forgotten, so asking again gets the assignment again, unchanged or not."""
+    client, eds = await _subscribed(ads, clients, POOLS)
+    await client.send(
+        EDS, resource_names=["a"], version_info=eds.version_info, response_nonce=eds.nonce
+    )
+    await client.expect_silence(0.2)
+    await client.send(
+        EDS, resource_names=["a", "b"], version_info=eds.version_info, response_nonce=eds.nonce
+    )
+    again = await client.recv()
+    assert again.type_url == EDS and names(again) == ["b"]

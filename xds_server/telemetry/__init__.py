@@ -6,6 +6,7 @@
     pods.py        PodCollector: xds_pod_* per pod, read at scrape time
     bands.py       BandCollector: xds_band_* and xds_pool_* (flow control), read at scrape time
     load_reports.py  InProgressCollector: xds_lrs_requests_in_progress, read at scrape time
+    loop_lag.py    the event loop's lag and the garbage collector's pauses
 
 The components that produce the numbers do not know Prometheus where they can avoid it:
 the scraper and the watchers report through small observer protocols, and the collectors

@@ -77,6 +77,9 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
         names = frozenset(request.resource_names)
         state.wildcard = WILDCARD in names or (not names and (first or state.wildcard))
         state.names = names - {WILDCARD}
+        if state.sent is not None and not state.wildcard:
+            # A name no longer asked for is forgotten: asked for again, it is sent again.
+            state.sent = {n: v for n, v in state.sent.items() if n in state.names}
         state.subscribed = True
         state.held = False
         if first and self._snapshot is not None and request.version_info:
