@@ -450,3 +450,63 @@ async def test_an_envoy_refusing_the_spill_listener_turns_spills_to_the_ring(run
     changed = await asyncio.wait_for(controller.settled(), 2)
     assert changed is not None and changed is not snapshot
     assert "gpu/spill" not in changed.resources[ResourceType.LISTENER]
+
+
+class SteadyLoad(FakeLoad):
+    """A FakeLoad that hands out the same object while its figures stand, as the server's
+    EnvoyLoad does."""
+
+    def __init__(self, in_flight: dict[Band, int], *, envoys: tuple[str, ...] = ()) -> None:
+        super().__init__(in_flight, envoys=envoys)
+        self._last: tuple[dict[Band, int], FleetLoad] | None = None
+
+    def fleet_load(self, config: RoutingConfig) -> FleetLoad:
+        if self._last is None or self._last[0] != self.in_flight:
+            self._last = (dict(self.in_flight), super().fleet_load(config))
+        return self._last[1]
+
+
+@pytest.mark.looptime
+async def test_an_idle_fleet_is_not_decided_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every scrape interval the controller looks; while the config, the pods' signals and
+    the Envoys' load are the objects it decided on last (and its memory came back as it
+    went in), it decides nothing: an idle fleet of any size costs a few lookups."""
+    decisions: list[object] = []
+    steps = Decider.steps
+
+    def counted(self: Decider, *args: object, **kwargs: object) -> object:
+        decisions.append(args)
+        return steps(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Decider, "steps", counted)
+    telemetry, cache = Telemetry(), SnapshotCache()
+    pods = {
+        "10.0.0.1:8000": PodSignals(silent_s=0, waiting=0, running=2),
+        "10.0.0.2:8000": PodSignals(silent_s=0, waiting=0, running=2),
+    }
+    signals = dict(pods)
+    load = SteadyLoad({"critical": 1, "standard": 2}, envoys=("a", "b"))
+    controller = Controller(
+        cache=cache, telemetry=telemetry, signals=lambda now: signals, load=load
+    )
+    task = asyncio.create_task(controller.run())
+    try:
+        controller.submit(parse_config(WARM.replace("pools:", FLOW_ON + "pools:")))
+        assert await asyncio.wait_for(controller.settled(), 10) is not None
+        await asyncio.sleep(1.0)  # the memory settles (smoothing 1: at once)
+        settled = len(decisions)
+        await asyncio.sleep(5.0)  # twenty scrape intervals, nothing new
+        assert len(decisions) == settled
+        # New signals (a new object, as the source hands out on a new page): decided.
+        signals = {**pods, "10.0.0.1:8000": PodSignals(silent_s=0, waiting=3, running=8)}
+        controller.metrics_changed()
+        await asyncio.sleep(0.5)
+        assert len(decisions) > settled
+        assert controller.decision.pools["pool"].endpoints[0].weight != (
+            controller.decision.pools["pool"].endpoints[1].weight
+        )
+    finally:
+        task.cancel()
+
+
+FLOW_ON = "flow_control: {enabled: true}\n"

@@ -10,7 +10,12 @@ from xds_server.errors import ImplausibleMetricsError, ScrapeErrorKind
 from xds_server.metrics.engines import PodMetrics
 from xds_server.metrics.scraper import Scraper
 from xds_server.metrics.store import MetricsStore
-from xds_server.sources.pod_metrics import CapacityCheck, follow_config, signals_of
+from xds_server.sources.pod_metrics import (
+    CapacityCheck,
+    PodMetricsSource,
+    follow_config,
+    signals_of,
+)
 
 HONEST = 80_000
 
@@ -147,3 +152,28 @@ def test_the_limits_are_validated_config() -> None:
     for bad in ({"max_metrics_page_bytes": 1000}, {"max_capacity_ratio": 1.5}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             config(**bad)
+
+
+def test_signals_are_the_same_object_until_a_page_says_something_new() -> None:
+    """The controller skips a decision whose inputs are the last one's objects: a scrape
+    that reads the same page must not make new signals (nor a prefix-cache rate that only
+    decays), and one that reads a different page must."""
+    store = MetricsStore()
+    source = PodMetricsSource(store, clock=lambda: 0.0)
+    page = PodMetrics(
+        waiting=0, running=2, prefix_cache_hits_tokens=40.0, prefix_cache_queries_tokens=100.0
+    )
+    later = PodMetrics(
+        waiting=0, running=2, prefix_cache_hits_tokens=70.0, prefix_cache_queries_tokens=150.0
+    )
+    store.record_success("a", page, now=1.0)
+    store.record_success("a", later, now=2.0)
+    first = source.signals(2.0)
+    for second in range(3, 30):  # the same page again and again, the rate's sums decaying
+        store.record_success("a", later, now=float(second))
+        assert source.signals(float(second)) is first
+    store.record_success("a", PodMetrics(**{**vars(page), "waiting": 4}), now=31.0)
+    changed = source.signals(31.0)
+    assert changed is not first and changed["a"].waiting == 4
+    store.record_error("a", "timed out", now=32.0)
+    assert source.signals(32.0) is not changed

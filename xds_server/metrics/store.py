@@ -202,7 +202,9 @@ class MetricsStore:
             decay = 0.5 ** (max(0.0, now - pod.rate_at) / self.hit_rate_half_life_s)
             pod.hits_window = pod.hits_window * decay + new_hits
             pod.queries_window = pod.queries_window * decay + new_queries
-            if pod.queries_window > 0:
+            # Without new queries both sums only decay: the rate stands (recomputing it
+            # would move its last bits, and an idle pod would look changed every scrape).
+            if new_queries > 0 and pod.queries_window > 0:
                 pod.rate = min(1.0, max(0.0, pod.hits_window / pod.queries_window))
         pod.hits, pod.queries, pod.rate_at = hits, queries, now
 

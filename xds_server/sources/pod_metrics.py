@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from xds_server.clock import Clock, loop_clock
 from xds_server.config import RoutingConfig
@@ -190,15 +191,28 @@ class PodMetricsSource:
     `signals` is the controller's SignalsSource (ages at the `now` the controller decides
     at), `observations` telemetry's (ages now, on `clock`). Both clocks must be the
     scraper's.
+
+    Signals do not depend on `now` (a failing pod's `silent_s` runs from its scrapes'
+    times), so the same store revision gives the same mapping, the same object: the
+    controller tells "no new signal" by identity, without reading 2,000 pods again.
+
+    Mutable state: the last signals and the store revision they are of.
     """
 
     def __init__(self, store: MetricsStore, *, clock: Clock = loop_clock) -> None:
         self.store = store
         self._clock = clock
+        self._signals: tuple[int, Mapping[str, PodSignals]] | None = None
 
     def signals(self, now: float) -> Mapping[str, PodSignals]:
-        snapshot = self.store.snapshot(now)
-        return {pod_id: s for pod_id, o in snapshot.items() if (s := signals_of(o)) is not None}
+        revision = self.store.revision
+        if self._signals is None or self._signals[0] != revision:
+            snapshot = self.store.snapshot(now)
+            signals = {
+                pod_id: s for pod_id, o in snapshot.items() if (s := signals_of(o)) is not None
+            }
+            self._signals = (revision, MappingProxyType(signals))
+        return self._signals[1]
 
     def observations(self) -> Mapping[str, PodObservation]:
         return self.store.snapshot(self._clock())
