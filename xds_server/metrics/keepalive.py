@@ -15,15 +15,15 @@ same kinds; `aclose` closes every connection. A connection the pod closed while 
 keep-alive ran out) is replaced once, transparently. Plain http only: `https://` targets
 go to an aiohttp `HttpPageFetcher`, which handles TLS.
 
-Mutable state: the idle connections per (host, port) and the aiohttp fetcher, if one was
-needed. A pod has at most one scrape in flight (the scraper's rule); pods sharing a
-metrics port each get a connection of their own.
+Mutable state: the idle connections per (host, port), each URL's encoded request, a
+count of fetches (every `_PRUNE_EVERY`, closed connections and pods gone are forgotten)
+and the aiohttp fetcher, if one was needed. A pod has at most one scrape in flight (the
+scraper's rule); pods sharing a metrics port each get a connection of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
 
 import httptools
 from yarl import URL
@@ -174,6 +174,8 @@ class _Connection(asyncio.Protocol):
 
 _BODY = ScrapeErrorKind.BODY
 _CONNECT = ScrapeErrorKind.CONNECT
+# Fetches between two prunings of closed connections and pods gone (KeepAliveFetcher).
+_PRUNE_EVERY = 4096
 
 
 class KeepAliveFetcher:
@@ -184,6 +186,7 @@ class KeepAliveFetcher:
         self._requests: dict[URL, bytes] = {}
         self._tls = tls
         self._closed = False
+        self._fetches = 0
 
     async def fetch(self, url: URL, *, timeout_s: float, max_bytes: int) -> bytes:
         if self._closed:
@@ -194,6 +197,9 @@ class KeepAliveFetcher:
             return await self._tls.fetch(url, timeout_s=timeout_s, max_bytes=max_bytes)
         assert url.host is not None and url.port is not None
         key = (url.host, url.port)
+        self._fetches += 1
+        if self._fetches % _PRUNE_EVERY == 0:
+            self._prune()
         request = self._requests.get(url)
         if request is None:
             request = self._requests[url] = _request(url)
@@ -247,9 +253,15 @@ class KeepAliveFetcher:
         if self._tls is not None:
             await self._tls.aclose()
 
-    def connections(self) -> Iterable[tuple[str, int]]:
-        """The (host, port) of every idle kept-alive connection (for tests)."""
-        return [key for key, idle in self._idle.items() for c in idle if c.idle]
+    def _prune(self) -> None:
+        """Forget connections the pods closed and the requests of pods gone: pods come and
+        go for as long as the server runs."""
+        self._idle = {
+            key: alive
+            for key, connections in self._idle.items()
+            if (alive := [c for c in connections if c.idle])
+        }
+        self._requests.clear()
 
 
 _: type[PageFetcher] = KeepAliveFetcher
