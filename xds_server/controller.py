@@ -85,11 +85,13 @@ class Controller:
     size costs a few dictionary lookups per interval.
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory,
-    the last decision, the last error (and whether a config was refused since the last
-    accepted one), when the first config came (the warm start) and the events that wake
-    `run`. `submit`, `reject`,
+    the last decision with what it was decided on and how long it took, the last error
+    (and whether a config was refused since the last accepted one), when the first config
+    came (the warm start) and the events that wake `run`. `submit`, `reject`,
     `metrics_changed` and `load_changed` are synchronous; `run` is the only task that
-    decides and builds. Time is read from `clock` only.
+    decides and builds, in slices (`SLICE_S`); a change that comes meanwhile is decided
+    next. Time is read from `clock` only (the slices' length from a wall clock: it is
+    how long the loop is held, not logic).
     """
 
     def __init__(
