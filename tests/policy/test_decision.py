@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from xds_server.config import parse_config
 from xds_server.policy.admission import BandLoad
 from xds_server.policy.decision import (
+    Decider,
     DecisionInputs,
     FleetLoad,
     PolicyMemory,
@@ -93,3 +97,39 @@ def test_load_keyed_by_pool_cuts_long_prompts_and_sets_band_limits() -> None:
 def test_without_signals_or_load_nothing_is_decided() -> None:
     decision, memory = decide(DecisionInputs(config=CONFIG), PolicyMemory())
     assert not decision.pools and not decision.admissions and not memory.pools
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from([0.0, 0.0, 3.0, 9.0]),  # B's queue: often unchanged
+            st.sampled_from([0, 0, 4, 12]),  # Standard in flight over the fleet
+            st.sampled_from([("e1",), ("e1", "e2")]),  # the Envoys known
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_decider_decides_what_a_fresh_decide_does(
+    steps: list[tuple[float, int, tuple[str, ...]]],
+) -> None:
+    """The Decider reuses a pool's last results when its inputs are the same (the policy's
+    pay-for-change); whatever came before, each decision must be exactly `decide`'s."""
+    decider, memory = Decider(), PolicyMemory()
+    for waiting_b, standard, envoys in steps:
+        load = FleetLoad(
+            pools={
+                name: PoolLoad(
+                    bands=BandLoad(
+                        in_flight={"critical": 0, "standard": standard, "sheddable": 0},
+                        by_envoy={e: {"standard": EnvoyDemand(in_flight=standard)} for e in envoys},
+                    )
+                )
+                for name in ("gpu", "plain")
+            }
+        )
+        inputs = DecisionInputs(config=CONFIG, signals=_signals(waiting_b), load=load)
+        reused = decider.decide(inputs, memory)
+        assert reused == decide(inputs, memory)
+        memory = reused[1]
