@@ -148,8 +148,9 @@ class PeerLinks:
     def reserved(self) -> float:
         """The part of every budget held back for peers never heard from: each of them
         might have as many Envoys as this replica and every other (1 / replicas each)."""
-        unseen = sum(1 for p in self._peers.values() if p.report is None)
-        return unseen / (len(self._peers) + 1)
+        peers = list(self._peers.values())  # a copy: /metrics reads this from a thread
+        unseen = sum(1 for p in peers if p.report is None)
+        return unseen / (len(peers) + 1)
 
     def _is_up(self, state: PeerState) -> int:
         received = state.received_at
