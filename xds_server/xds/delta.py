@@ -69,6 +69,7 @@ class DeltaStream(ProtocolStream[_DeltaTypeState]):
         state.names -= unsubscribe
         for name in unsubscribe:
             state.client_has.pop(name, None)
+        state.dirty = True
 
         if request.response_nonce and request.response_nonce != state.last_nonce:
             self._observer.on_stale_nonce(resource_type, request.response_nonce)
@@ -87,8 +88,11 @@ class DeltaStream(ProtocolStream[_DeltaTypeState]):
         responses = []
         for resource_type in ResourceType:
             state = self._types[resource_type]
+            if not state.dirty:
+                continue
             if not state.subscribed or state.outstanding is not None or state.held:
                 continue
+            state.dirty = False
             held = self._snapshot.resources[resource_type]
             wanted = held.keys() if state.wildcard else state.names & held.keys()
             updates = [
@@ -129,9 +133,10 @@ class DeltaStream(ProtocolStream[_DeltaTypeState]):
             del state.client_has[name]
         if resource_type is ResourceType.CLUSTER:
             # Envoy re-subscribes an updated cluster's endpoints and needs them re-sent.
-            endpoints = self._types[ResourceType.ENDPOINT].client_has
+            endpoints = self._types[ResourceType.ENDPOINT]
             for resource in updates:
                 for name in resource.references:
-                    endpoints.pop(name, None)
+                    endpoints.client_has.pop(name, None)
+            endpoints.dirty = True
         self._sent(resource_type, response)
         return response

@@ -75,12 +75,14 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
             resource_type, request.error_detail if request.HasField("error_detail") else None
         )
         names = frozenset(request.resource_names)
-        state.wildcard = WILDCARD in names or (not names and (first or state.wildcard))
-        state.names = names - {WILDCARD}
-        if state.sent is not None and not state.wildcard:
+        wildcard = WILDCARD in names or (not names and (first or state.wildcard))
+        names -= {WILDCARD}
+        if state.sent is not None and not wildcard and names != state.names:
             # A name no longer asked for is forgotten: asked for again, it is sent again.
-            state.sent = {n: v for n, v in state.sent.items() if n in state.names}
+            state.sent = {n: v for n, v in state.sent.items() if n in names}
+        state.wildcard, state.names = wildcard, names
         state.subscribed = True
+        state.dirty = True
         state.held = False
         if first and self._snapshot is not None and request.version_info:
             if request.version_info == self._snapshot.versions[resource_type]:
@@ -101,8 +103,11 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
         responses = []
         for resource_type in ResourceType:
             state = self._types[resource_type]
+            if not state.dirty:
+                continue
             if not state.subscribed or state.outstanding is not None or state.held:
                 continue
+            state.dirty = False
             selected = self._selected(resource_type, state)
             if resource_type in _PARTIAL and state.sent is not None:
                 sent = state.sent
@@ -141,11 +146,12 @@ class SotwStream(ProtocolStream[_SotwTypeState]):
         }
         if resource_type is ResourceType.CLUSTER:
             # Envoy re-subscribes an updated cluster's endpoints and needs them re-sent.
-            endpoints = self._types[ResourceType.ENDPOINT].sent
-            if endpoints is not None:
+            endpoints = self._types[ResourceType.ENDPOINT]
+            if endpoints.sent is not None:
                 for cluster in due:
                     if before.get(cluster.name) != cluster.version:
                         for name in cluster.references:
-                            endpoints.pop(name, None)
+                            endpoints.sent.pop(name, None)
+                endpoints.dirty = True
         self._sent(resource_type, response)
         return response

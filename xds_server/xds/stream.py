@@ -61,6 +61,10 @@ class TypeState:
     # True while a response of the type this one depends on is unacknowledged.
     held: bool = False
     acked_version: str = ""
+    # Something that could make a response of this type due happened since `_flush` last
+    # looked at it (a new version of the type, a request, a hold lifted): a stream of
+    # hundreds woken for one type's change looks at that type alone.
+    dirty: bool = True
 
 
 StateT = TypeVar("StateT", bound=TypeState)
@@ -85,6 +89,10 @@ class ProtocolStream(Generic[StateT]):
 
     def set_snapshot(self, snapshot: Snapshot, *, born: float) -> list[Response]:
         """Adopt `snapshot` (set at monotonic time `born`) and return the responses it makes due."""
+        before = self._snapshot
+        for resource_type, state in self._types.items():
+            if before is None or before.versions[resource_type] != snapshot.versions[resource_type]:
+                state.dirty = True
         self._snapshot, self._born = snapshot, born
         return self._flush()
 
@@ -115,6 +123,7 @@ class ProtocolStream(Generic[StateT]):
         dependent = resource_type.dependent
         if dependent is not None:
             self._types[dependent].held = False
+            self._types[dependent].dirty = True
 
     def _sent(self, resource_type: ResourceType, response: Response) -> None:
         """Record `response` as sent; it holds the dependent type until Envoy asks or ACKs."""
