@@ -70,8 +70,8 @@ class SnapshotBuilder:
     pool's assignments and what they were built from (`_assignments`); each pool's
     per-Envoy runtime keys and the admission they came from (`_envoy_keys`); the runtime
     layers serialized, by the Envoy keys over the group's layer (`_layers`, over
-    `_layers_over`); and each
-    Envoy's own snapshot with the group snapshot and layer it was made of (`_envoys`).
+    `_layers_over`); and each Envoy's own snapshot with the group snapshot and layer it
+    was made of (`_envoys`).
     A change of routing (clusters, listeners, routes) clears the per-Envoy caches.
     """
 
@@ -100,7 +100,7 @@ class SnapshotBuilder:
         routing = _routing_part(config)
         runtime = admission_layer(config, decision.admissions)
         retry_after = retry_after_of(decision.admissions)
-        endpoints, endpoints_changed = yield from self._endpoints(config, decision)
+        endpoints, endpoints_changed, assignments = yield from self._endpoints(config, decision)
         last = self._last
         if last is not None and last.routing == routing:
             snapshot = last.snapshot
@@ -134,6 +134,8 @@ class SnapshotBuilder:
                     ResourceType.ROUTE: routes,
                 }
             )
+        # Only now: a build that fails part way leaves the caches as the last snapshot is.
+        self._assignments = assignments
         self._last = _Built(
             routing=routing, runtime=runtime, retry_after=retry_after, snapshot=snapshot
         )
@@ -141,9 +143,13 @@ class SnapshotBuilder:
 
     def _endpoints(
         self, config: RoutingConfig, decision: Decision
-    ) -> Steps[tuple[Mapping[str, Resource], bool]]:
-        """Every pool's assignments by name, and whether any pool's changed since the last
-        build; a pool whose inputs did not change keeps its serialized resources."""
+    ) -> Steps[
+        tuple[Mapping[str, Resource], bool, dict[str, tuple[_PoolKey, Mapping[str, Resource]]]]
+    ]:
+        """Every pool's assignments by name, whether any pool's changed since the last
+        build, and each pool's with what it was built from (the cache to keep once the
+        build succeeds); a pool whose inputs did not change keeps its serialized
+        resources."""
         fresh: dict[str, tuple[_PoolKey, Mapping[str, Resource]]] = {}
         merged: dict[str, Resource] = {}
         changed = False
@@ -165,8 +171,7 @@ class SnapshotBuilder:
                     raise InconsistentSnapshotError(f"two ENDPOINT resources are named {name!r}")
                 merged[name] = resource
         changed = changed or fresh.keys() != self._assignments.keys()
-        self._assignments = fresh
-        return MappingProxyType(merged), changed
+        return MappingProxyType(merged), changed, fresh
 
     def for_envoys(
         self, config: RoutingConfig, decision: Decision, base: Snapshot
