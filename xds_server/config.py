@@ -216,6 +216,13 @@ class ListenerConfig(_Strict):
     # Time a stream may go without any byte in either direction before Envoy resets it.
     stream_idle_timeout_s: Annotated[float, Field(gt=0)] = 300.0
     connect_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    # Bounds on clients (a slow or oversized client must not hold a connection): all of a
+    # request's headers within this time (a slowloris is closed after it), headers of at
+    # most this many KiB in all (more: a JSON 431; prompts travel in the body), and a
+    # connection with no request in flight closed after this long.
+    request_headers_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    max_request_headers_kb: Annotated[int, Field(ge=8, le=8192)] = 32
+    idle_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
 
     @field_validator("address")
     @classmethod

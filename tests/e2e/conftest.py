@@ -39,9 +39,11 @@ class ConfigFile:
         session_affinity: Iterable[str] = (),
         upstream: Mapping[str, Any] | None = None,
         request_timeout_s: float = 0.0,
+        listener: Mapping[str, Any] | None = None,
     ) -> None:
         """Write the pools; `gpu_aware` is off by default: these backends have no /metrics.
-        `flow_control` and `upstream` are the config's sections (absent when None);
+        `flow_control` and `upstream` are the config's sections (absent when None),
+        `listener` more keys of its listener;
         `session_affinity` names the pools that have it. An endpoint is anything with a
         `host` and a `port` (an ExampleBackend, a FaultyServer)."""
         document: dict[str, Any] = {
@@ -50,6 +52,7 @@ class ConfigFile:
                 "address": "127.0.0.1",
                 "port": listener_port,
                 "request_timeout_s": request_timeout_s,
+                **(listener or {}),
             },
             "updates": {"debounce_s": debounce_s, "max_delay_s": 0.2},
             "pools": [

@@ -265,8 +265,9 @@ async def test_any_path_and_method_reaches_a_model_server_only_if_allowed(  # ty
 
 # What Envoy refuses before its filters read a request, and the `code` it answers with.
 EARLY_REFUSALS = {
-    # Headers over Envoy's 60 KiB (max_request_headers_kb), or over 100 of them.
+    # Headers over the listener's 32 KiB (max_request_headers_kb), or over 100 of them.
     "431 size": (b"GET / HTTP/1.1\r\nx-big: " + b"a" * 70_000 + b"\r\n", 431),
+    "431 a 40 KB header": (b"GET / HTTP/1.1\r\nx-big: " + b"a" * 40_000 + b"\r\n", 431),
     "431 count": (b"GET / HTTP/1.1\r\n" + b"".join(b"x-%d: v\r\n" % i for i in range(120)), 431),
     "HTTP/1.0": (b"GET /v1/models HTTP/1.0\r\n", 426),
     "not HTTP": (b"NOT HTTP AT ALL\r\n", 400),
@@ -296,3 +297,30 @@ async def test_replies_envoy_makes_before_routing_are_json(  # type: ignore[no-u
         # Envoy's reason, for whoever reads the error.
         assert error["message"].endswith(")."), error
     assert llama.requests == qwen.requests == []
+
+
+async def test_a_client_that_sends_its_headers_too_slowly_is_closed(  # type: ignore[no-untyped-def]
+    backends, config_file, gateway_factory
+) -> None:
+    """A slowloris (headers trickling in, never finished) holds a connection only for
+    `listener.request_headers_timeout_s`; other clients are served meanwhile."""
+    llama = await backends("llama")
+    config_file.write(
+        {"llama": (["llama"], [(llama, 1)])}, listener={"request_headers_timeout_s": 1.0}
+    )
+    gateway = await gateway_factory()
+    port = _port(gateway.url)
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        started = loop.time()
+        writer.write(b"GET /v1/models HTTP/1.1\r\nhost: gw\r\nx-slow: ")
+        await writer.drain()
+        got, _, _ = await _raw(port, b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n")
+        assert got == 200
+        # Envoy answers (408) and closes; the read ends at the close, long before 30 s.
+        await asyncio.wait_for(reader.read(), 30)
+        assert reader.at_eof()
+        assert loop.time() - started >= 0.5
+    finally:
+        writer.close()

@@ -55,7 +55,7 @@ key, with nothing to override, comes before the mappers by status: the first mat
 What remains is refused before the filters read the request, and gets a JSON body by
 status (EARLY_REPLIES), Envoy's reason (`%RESPONSE_CODE_DETAILS%`) in its message: the
 HTTP/1 codec's 400 (not HTTP, an unknown method), 431 (headers over
-`max_request_headers_kb`, 60 KiB, or over 100 of them), 426 (HTTP/1.0) and 501 (a
+`listener.max_request_headers_kb`, 32 KiB, or over 100 of them), 426 (HTTP/1.0) and 501 (a
 transfer-encoding other than chunked); the connection manager's 400 (no Host, a fragment
 in the path), 403 (an Upgrade: none is configured) and 404 (`*` as the request target);
 any other status `gateway_error`. Verified on Envoy 1.40 (raw requests,
@@ -74,7 +74,13 @@ from __future__ import annotations
 from typing import Any as _Any
 
 from envoy.config.accesslog.v3 import accesslog_pb2
-from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2, grpc_service_pb2
+from envoy.config.core.v3 import (
+    address_pb2,
+    base_pb2,
+    config_source_pb2,
+    grpc_service_pb2,
+    protocol_pb2,
+)
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2 as grpc_als_pb2
@@ -234,6 +240,12 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
         # The request-wide timeout is per route (routes.py); this one only resets streams
         # that go quiet in both directions, so a long generation that streams survives.
         stream_idle_timeout=_protos.duration(listen.stream_idle_timeout_s),
+        # Bounds on clients: a slowloris, oversized headers, idle connections.
+        request_headers_timeout=_protos.duration(listen.request_headers_timeout_s),
+        max_request_headers_kb=wrappers_pb2.UInt32Value(value=listen.max_request_headers_kb),
+        common_http_protocol_options=protocol_pb2.HttpProtocolOptions(
+            idle_timeout=_protos.duration(listen.idle_timeout_s)
+        ),
         http_filters=_http_filters(
             sessions=any(p.session_affinity for p in config.pools),
             prompts=any(p.session_affinity for p in config.pools)
