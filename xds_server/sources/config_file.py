@@ -37,6 +37,10 @@ _LIMITS = ParseLimits()
 # However unchanged the file looks (identity, size, times), every this many looks it is
 # read all the same: a filesystem whose times are coarse could hide an edit of one size.
 _READ_ANYWAY_EVERY = 10
+# After a change to the file's directory, how long nothing more must happen before it is
+# read.
+_SETTLE_S = 0.02
+_SETTLE_MAX_S = 0.5
 
 
 async def watch_config_file(
@@ -186,10 +190,25 @@ class _DirectoryEvents:
             self._inotify = None
 
     async def wait(self, timeout_s: float) -> None:
-        """Return at the next event (and the others that came with it), or after `timeout_s`."""
+        """Return after `timeout_s`, or once events came and then none for `_SETTLE_S`: a
+        file written in several pieces (an editor, `cat >`) is read once it is whole, not
+        refused half-written."""
         if self._inotify is None:
             await asyncio.sleep(timeout_s)
             return
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(timeout_s):
                 await self._inotify.get()
+        except TimeoutError:
+            return
+        # A directory that never goes quiet (another file written all the time) still
+        # gets its look within _SETTLE_MAX_S.
+        settle_until = asyncio.get_running_loop().time() + _SETTLE_MAX_S
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout_at(settle_until):
+                while True:
+                    try:
+                        async with asyncio.timeout(_SETTLE_S):
+                            await self._inotify.get()
+                    except TimeoutError:
+                        return
