@@ -167,6 +167,9 @@ class PoolConfig(_Strict):
     endpoints: tuple[EndpointConfig, ...] = ()
     # On Kubernetes: the pods that are endpoints too (besides `endpoints`), found by label.
     selector: PodSelector | None = None
+    # A change that takes away the last of the pool's `endpoints` is accepted: without it,
+    # such a change is refused and the last good config stays (config_document.emptied_pools).
+    allow_empty: bool = False
 
     @property
     def weights_from_metrics(self) -> bool:
@@ -237,7 +240,10 @@ class UpstreamConfig(_Strict):
     reset before headers) is tried again on another pod, up to `retries` times; never
     after the first response byte. Retries in flight are at most `retry_budget_percent`
     of the requests in flight per cluster (at least `min_retry_concurrency`), so a failing
-    fleet is not hit twice as hard. Ejection (outlier detection): a pod with
+    fleet is not hit twice as hard. Sized so that one pod of two resetting all it gets
+    (half the requests retried at once) stays within it, even in a burst of 32 (the
+    README's clients): a refused retry is a 503 `retry_budget_exhausted`. Ejection
+    (outlier detection): a pod with
     `eject_after_failures` connect failures, resets or timeouts in a row is out of that
     Envoy's rotation for `ejection_s` (longer each time it is ejected again, up to
     `max_ejection_s`), at most `max_ejection_percent` of a pool at once (Envoy always
@@ -246,8 +252,8 @@ class UpstreamConfig(_Strict):
     """
 
     retries: Annotated[int, Field(ge=0, le=10)] = 2
-    retry_budget_percent: Annotated[float, Field(gt=0, le=100)] = 20.0
-    min_retry_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 3
+    retry_budget_percent: Annotated[float, Field(gt=0, le=100)] = 50.0
+    min_retry_concurrency: Annotated[int, Field(ge=1, le=100_000)] = 16
     eject_after_failures: Annotated[int, Field(ge=1, le=1000)] = 3
     ejection_s: Annotated[float, Field(gt=0, le=3600)] = 2.0
     max_ejection_s: Annotated[float, Field(gt=0, le=3600)] = 30.0

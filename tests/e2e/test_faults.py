@@ -106,3 +106,52 @@ async def test_a_full_pool_circuit_breaker_is_a_json_503_overloaded(  # type: ig
     assert status == 503
     assert headers["retry-after"] == "1"
     assert body["error"]["code"] == "overloaded"
+
+
+async def test_a_retry_the_budget_refused_says_so_not_overloaded(  # type: ignore[no-untyped-def]
+    backends, config_file, gateway_factory, http
+) -> None:
+    good = await backends("good", models=["m"])
+    async with FaultyServer(Fault.RESET) as bad:
+        # A budget of one retry at a time: a burst that half lands on the resetting pod
+        # needs more, and Envoy flags each refused retry UO beside the reset (UR).
+        config_file.write(
+            {"p": (["m"], [(good, 1), (bad, 1)])},
+            balancing="round_robin",
+            upstream={"retry_budget_percent": 0.1, "min_retry_concurrency": 1},
+        )
+        gateway = await gateway_factory()
+        answers = await asyncio.gather(*(_post(http, gateway.url) for _ in range(40)))
+        stats = await gateway.envoy.get_stats(r"cluster\.p\.upstream_rq_retry_overflow$")
+    codes = [body["error"]["code"] for status, _, body in answers if status != 200]
+    assert stats["cluster.p.upstream_rq_retry_overflow"] >= 1
+    assert codes.count("retry_budget_exhausted") == stats["cluster.p.upstream_rq_retry_overflow"]
+    assert set(codes) == {"retry_budget_exhausted"}
+    for status, headers, body in answers:
+        if status != 200:
+            assert (status, headers["retry-after"]) == (503, "1")
+            assert body["error"]["type"] == "server_error"
+
+
+async def test_one_resetting_pod_of_four_costs_no_request_at_32_concurrent_clients(  # type: ignore[no-untyped-def]
+    backends, config_file, gateway_factory, http
+) -> None:
+    """The default retry budget covers one pod of four that resets everything it gets,
+    at the README's 32 clients: every request is retried to a good pod and answered."""
+    good = [await backends(f"good{i}", models=["m"], token_delay=0.002) for i in range(3)]
+    async with FaultyServer(Fault.RESET) as bad:
+        config_file.write(
+            {"p": (["m"], [*((g, 1) for g in good), (bad, 1)])}, balancing="round_robin"
+        )
+        gateway = await gateway_factory()
+        statuses: list[int] = []
+
+        async def client() -> None:
+            for _ in range(20):
+                statuses.append((await _post(http, gateway.url))[0])
+
+        await asyncio.gather(*(client() for _ in range(32)))
+        stats = await gateway.envoy.get_stats(r"cluster\.p\.upstream_rq_retry")
+    assert bad.requests >= 1
+    assert statuses == [200] * 640, {s: statuses.count(s) for s in set(statuses)}
+    assert stats["cluster.p.upstream_rq_retry_overflow"] == 0

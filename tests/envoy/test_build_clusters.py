@@ -317,7 +317,7 @@ def test_pool_clusters_set_limits_retry_budget_and_ejection_from_config() -> Non
         (threshold,) = cluster.circuit_breakers.thresholds
         assert threshold.max_requests.value == 500  # not Envoy's built-in 1,024
         assert threshold.retry_budget.budget_percent.value == 25
-        assert threshold.retry_budget.min_retry_concurrency.value == 3
+        assert threshold.retry_budget.min_retry_concurrency.value == 16
         outliers = cluster.outlier_detection
         assert outliers.split_external_local_origin_errors
         assert outliers.consecutive_local_origin_failure.value == 2

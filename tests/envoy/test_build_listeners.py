@@ -127,10 +127,27 @@ def test_content_type_regex() -> None:
 
 def _mappers(config: RoutingConfig) -> tuple[Any, list[Any], Any, list[Any]]:
     """The local reply mappers in their groups: the 413, those by response flag, the one
-    that keeps the routes' own bodies, and those of replies made before the filters."""
-    too_large, *rest = hcm_of(build_listeners(config)[0]).local_reply_config.mappers
+    that keeps the routes' own bodies, and those of replies made before the filters (the
+    retry budget's, first of all flagged ones, is checked on its own)."""
+    too_large, budget, *rest = hcm_of(build_listeners(config)[0]).local_reply_config.mappers
+    assert budget.body_format_override.json_format["error"]["code"] == "retry_budget_exhausted"
     count = next(i for i, m in enumerate(rest) if not m.filter.HasField("response_flag_filter"))
     return too_large, rest[:count], rest[count], rest[count + 1 :]
+
+
+def test_a_retry_the_budget_refused_has_its_own_code_before_any_overflow(
+    config: RoutingConfig,
+) -> None:
+    mappers = hcm_of(build_listeners(config)[0]).local_reply_config.mappers
+    budget = mappers[1]
+    both = [f.response_flag_filter.flags for f in budget.filter.and_filter.filters]
+    assert both == [["UO"], ["UF", "UC", "UR", "URX", "LR"]]
+    assert [(h.header.key, h.header.value) for h in budget.headers_to_add] == [
+        ("retry-after", "1")
+    ]
+    # Before the mapper of a full circuit breaker, which a refused retry also matches.
+    overflow = [i for i, m in enumerate(mappers) if "UO" in m.filter.response_flag_filter.flags]
+    assert overflow and all(i > 1 for i in overflow)
 
 
 def test_envoy_made_errors_are_json(config: RoutingConfig) -> None:

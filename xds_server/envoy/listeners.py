@@ -38,10 +38,13 @@ stable `code`: 413 `request_too_large` for a body over the limit; 503
 with flow control, 429 `rate_limit_exceeded` when a band cluster's circuit breaker refuses
 a request (flag UO: it never reached a model server), else 503 `overloaded` for the pool
 cluster's own circuit breaker; 503 `upstream_unavailable` when the pod failed before
-answering and retries could not save the request (UF, UC, UR, URX, LR); 504
+answering and retries could not save the request (UF, UC, UR, URX, LR), and
+`retry_budget_exhausted` when a retry was not made because the cluster's retry budget was
+spent (Envoy flags that UO beside the failure: without its own mapper it would read as a
+full circuit breaker); 504
 `upstream_timeout` (UT); 404 `no_route` (NR); and `gateway_error`, with Envoy's own words
-and status, for any other flagged reply. `upstream_unavailable` and `overloaded` say
-`retry-after: 1`. The 429 carries
+and status, for any other flagged reply. `upstream_unavailable`, `retry_budget_exhausted` and
+`overloaded` say `retry-after: 1`. The 429 carries
 `retry-after` and a message naming the band and the pool, both read from the matched
 route's metadata (`%METADATA(ROUTE:llm:retry_after_s)%`, routes.py): verified on Envoy 1.40,
 so Retry-After follows the policy through RDS without a listener update (which would drain
@@ -136,6 +139,9 @@ LONG_PROMPT_LOG_INTERVAL_S = 0.1
 # already tried other pods, and the server takes a failed pod out within a scrape interval.
 RETRY_AFTER_HEADER = "retry-after"
 UNAVAILABLE_RETRY_AFTER_S = 1
+# Response flags of a pod that failed before answering: connect failure, connection
+# termination, reset, retry limit exceeded, local reset.
+UPSTREAM_FAILURE_FLAGS = ("UF", "UC", "UR", "URX", "LR")
 
 # Envoy's reason for a reply it made itself (`http1.headers_too_large`, ...).
 _DETAILS = "%RESPONSE_CODE_DETAILS%"
@@ -380,6 +386,8 @@ def _local_replies(config: RoutingConfig) -> _Any:
     mappers = [
         # The body is over the route's buffer limit (json_to_metadata buffers it).
         hcm_pb2.ResponseMapper(filter=_status_filter(413), body_format_override=too_large),
+        # Before every UO mapper: a retry the budget refused sets UO beside the failure.
+        _retry_budget_spent(),
         # The pool has no endpoint, or none healthy: no ready pod. No Retry-After: nothing
         # says one will be ready soon (it takes a new pod, or a stale one coming back).
         _flagged(
@@ -404,7 +412,7 @@ def _local_replies(config: RoutingConfig) -> _Any:
         # The pod could not be reached or dropped the request before answering, and the
         # retries on other pods (routes.py) failed too or were not allowed.
         _flagged(
-            ["UF", "UC", "UR", "URX", "LR"],
+            list(UPSTREAM_FAILURE_FLAGS),
             code="upstream_unavailable",
             message="The model server failed before answering: %LOCAL_REPLY_BODY%",
             retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
@@ -475,6 +483,39 @@ def _flagged(
     )
     if retry_after_s is not None:
         mapper.headers_to_add.append(_retry_after(str(retry_after_s)))
+    return mapper
+
+
+def _retry_budget_spent() -> _Any:
+    """503 `retry_budget_exhausted` for a request whose pod failed before answering and
+    whose retry the cluster's retry budget refused (config.upstream). Envoy flags that
+    reply UO (overflow) beside the failure's own flag, so without this mapper it read as
+    a full circuit breaker: 503 `overloaded`, or with flow control a band's 429."""
+    flags = accesslog_pb2.AccessLogFilter
+    mapper = hcm_pb2.ResponseMapper(
+        filter=flags(
+            and_filter=accesslog_pb2.AndFilter(
+                filters=[
+                    flags(response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=["UO"])),
+                    flags(
+                        response_flag_filter=accesslog_pb2.ResponseFlagFilter(
+                            flags=list(UPSTREAM_FAILURE_FLAGS)
+                        )
+                    ),
+                ]
+            )
+        ),
+        body_format_override=_error_bodies.error_format(
+            message=(
+                "The model server failed before answering and the gateway's retry budget"
+                " for this model is spent; retry later."
+            ),
+            code="retry_budget_exhausted",
+            param=None,
+            error_type="server_error",
+        ),
+    )
+    mapper.headers_to_add.append(_retry_after(str(UNAVAILABLE_RETRY_AFTER_S)))
     return mapper
 
 
