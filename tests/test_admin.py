@@ -1,23 +1,29 @@
 """The admin and debug endpoints of a running server, over HTTP.
 
 The admin listener serves probes and metrics and nothing under /debug; the debug views
-are on their own listener, on loopback (xds_server/admin.py says why).
+are on their own listener, on loopback (xds_server/admin.py says why). Readiness names the
+pools without a healthy endpoint, and stays 200 (admin.py says why).
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e.conftest import eventually
 from tests.xds.conftest import RawClient
-from xds_server.admin import default_debug_port
+from xds_server.admin import default_debug_port, readiness
 from xds_server.app import XdsApplication
+from xds_server.config import RoutingConfig, parse_config
 from xds_server.metrics.scraper import ScraperState
+from xds_server.policy.decision import Decision
+from xds_server.policy.state import EndpointState, Health, PoolState
 from xds_server.settings import ServerSettings
 from xds_server.xds.resources import ResourceType
 
@@ -220,3 +226,109 @@ async def test_a_pool_left_without_endpoints_is_counted_on_the_servers_metrics(
             "xds_config_warnings_total", {"reason": "pool_without_endpoints"}
         )
         assert warnings == 1
+
+
+@dataclass
+class Readiness:
+    """The controller as /readyz reads it (admin.ReadinessView)."""
+
+    ready: bool
+    config: RoutingConfig | None
+    decision: Decision = field(default_factory=Decision)
+    last_error: str | None = None
+
+
+def test_readiness_names_the_pools_without_a_healthy_endpoint_and_stays_200() -> None:
+    config = parse_config(
+        "pools: [{name: a, models: [m], endpoints: [{address: 10.0.0.1, port: 80}]},"
+        " {name: b, models: [n], endpoints: [{address: 10.0.0.2, port: 80}]},"
+        " {name: c, models: [o], allow_empty: true}]"
+    )
+    assert readiness(Readiness(ready=False, config=None)) == (
+        503,
+        {"status": "not ready", "reason": "no snapshot yet"},
+    )
+    assert readiness(Readiness(ready=False, config=None, last_error="c.yaml: bad")) == (
+        503,
+        {"status": "not ready", "reason": "c.yaml: bad"},
+    )
+    unhealthy = PoolState(
+        name="b",
+        endpoints=(EndpointState(address="10.0.0.2", port=80, weight=1, health=Health.UNHEALTHY),),
+    )
+    view = Readiness(ready=True, config=config, decision=Decision(pools={"b": unhealthy}))
+    assert readiness(view) == (
+        200,
+        {"status": "degraded", "pools_without_healthy_endpoints": ["b", "c"], "last_error": None},
+    )
+    view.config = config.model_copy(update={"pools": config.pools[:1]})
+    view.last_error = "c.yaml: refused: ..."
+    assert readiness(view) == (
+        200,
+        {
+            "status": "ready",
+            "pools_without_healthy_endpoints": [],
+            "last_error": "c.yaml: refused: ...",
+        },
+    )
+
+
+STATIC = """
+listener: {address: 127.0.0.1, port: 0}
+updates: {debounce_s: 0.01}
+pools: [{name: pool, models: [m], gpu_aware: false, %s}]
+"""
+
+
+async def test_an_edit_that_empties_a_pool_is_refused_and_an_allowed_one_shows_on_readyz(
+    tmp_path: Path,
+) -> None:
+    """Through the real config-file watcher and the admin listener: a pool's last endpoint
+    taken away is refused (the last good config stays; /readyz says why and stays ready);
+    with `allow_empty` it is applied, and /readyz (200, degraded) and
+    xds_pool_healthy_endpoints say the pool has no healthy endpoint."""
+    path = tmp_path / "config.yaml"
+    path.write_text(STATIC % "endpoints: [{address: 127.0.0.1, port: 9}]")
+    settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=0.05)
+    async with XdsApplication(settings) as app, aiohttp.ClientSession() as http:
+        await app.wait_ready(within_s=30)
+        registry = app.telemetry.registry
+        good = app.controller.config
+
+        async def readyz() -> tuple[int, dict[str, object]]:
+            async with http.get(f"http://127.0.0.1:{app.admin_port}/readyz") as response:
+                return response.status, await response.json()
+
+        def healthy() -> float | None:
+            return registry.get_sample_value("xds_pool_healthy_endpoints", {"pool": "pool"})
+
+        def refusals() -> float:
+            return registry.get_sample_value("xds_config_reloads_total", {"result": "error"}) or 0
+
+        assert await readyz() == (
+            200,
+            {"status": "ready", "pools_without_healthy_endpoints": [], "last_error": None},
+        )
+        assert healthy() == 1
+
+        path.write_text(STATIC % "endpoints: []")
+        await eventually(lambda: refusals() == 1, within_s=60, what="the refusal")
+        status, body = await readyz()
+        assert status == 200 and body["status"] == "ready"
+        assert "refused" in str(body["last_error"]) and "'pool' (had 1)" in str(body["last_error"])
+        assert app.controller.config == good
+        assert registry.get_sample_value("xds_config_last_reload_successful") == 0
+        assert healthy() == 1
+
+        path.write_text(STATIC % "endpoints: [], allow_empty: true")
+
+        async def degraded() -> bool:
+            return (await readyz())[1]["status"] == "degraded"
+
+        await eventually(degraded, within_s=60, what="/readyz to say degraded")
+        assert await readyz() == (
+            200,
+            {"status": "degraded", "pools_without_healthy_endpoints": ["pool"], "last_error": None},
+        )
+        assert healthy() == 0
+        assert refusals() == 1

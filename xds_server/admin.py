@@ -6,7 +6,16 @@ the Service, and a NetworkPolicy admits only the monitoring namespace (k8s/READM
 
 /metrics         the server's Prometheus metrics (telemetry.py)
 /healthz         200 while the process serves (liveness)
-/readyz          200 once a snapshot is in the cache, else 503 (readiness)
+/readyz          200 once a snapshot is in the cache, else 503 with the reason (readiness);
+                 the 200 says "degraded" while a pool has no healthy endpoint and names
+                 those pools, else "ready" (`readiness`)
+
+Why a pool without healthy endpoints leaves /readyz at 200: readiness says whether this
+replica can serve config, and it can. Kubernetes takes an unready replica out of its
+Service, which is how Envoys reach the control plane; a pool emptied by the config every
+replica shares would make them all unready at once, and cut every Envoy off from config
+for every model, the fix for that pool included. The pool is named in the 200 instead, and
+`xds_pool_healthy_endpoints` (telemetry/pools.py) at 0 is what an alert fires on.
 
 The debug listener (`make_debug_app`; `--debug-address`, `--debug-port`) is for an
 operator. It listens on 127.0.0.1 unless told otherwise, on the admin port + 1 (9001) by
@@ -42,15 +51,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from xds_server.clock import to_thread
 from xds_server.controller import Controller
 from xds_server.telemetry import Telemetry
+from xds_server.telemetry.bands import DecisionView
+from xds_server.telemetry.pools import healthy_endpoints
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.nodes import NodeRegistry
 
 __all__ = [
     "AdminServer",
     "DebugSource",
+    "ReadinessView",
     "default_debug_port",
     "make_admin_app",
     "make_debug_app",
+    "readiness",
 ]
 
 
@@ -70,6 +83,34 @@ class DebugSource(Protocol):
     """Something with more to show on /debug/config (Kubernetes discovery)."""
 
     def debug(self) -> dict[str, Any]: ...
+
+
+class ReadinessView(DecisionView, Protocol):
+    """What /readyz reads (the controller): whether a snapshot is in force, the error of
+    the last config or build that failed since a config was accepted, and the config and
+    decision in force."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def last_error(self) -> str | None: ...
+
+
+def readiness(view: ReadinessView) -> tuple[int, dict[str, Any]]:
+    """/readyz's status code and body. 503 `not ready`, with the reason, before the first
+    snapshot. Then 200: `degraded` while some pool of the config in force has no healthy
+    endpoint (`pools_without_healthy_endpoints`, in config order; telemetry/pools.py says
+    what counts as healthy), else `ready`; and `last_error`, None unless a config was
+    refused (or could not be built) since the last one accepted, which stays in force."""
+    if not view.ready:
+        return 503, {"status": "not ready", "reason": view.last_error or "no snapshot yet"}
+    empty = [name for name, count in healthy_endpoints(view).items() if count == 0]
+    return 200, {
+        "status": "degraded" if empty else "ready",
+        "pools_without_healthy_endpoints": empty,
+        "last_error": view.last_error,
+    }
 
 
 def default_debug_port(admin_port: int) -> int:
@@ -109,12 +150,8 @@ def make_admin_app(
         return _json({"status": "ok"})
 
     async def readyz(_: web.Request) -> web.Response:
-        if controller.ready:
-            return _json({"status": "ready"})
-        return _json(
-            {"status": "not ready", "reason": controller.last_error or "no snapshot yet"},
-            status=503,
-        )
+        status, body = readiness(controller)
+        return _json(body, status=status)
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

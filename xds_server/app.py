@@ -44,6 +44,7 @@ from xds_server.telemetry.bands import BandCollector
 from xds_server.telemetry.kubernetes import KubernetesTelemetry
 from xds_server.telemetry.loop_lag import timing_gc, watch_loop_lag
 from xds_server.telemetry.pods import PodCollector
+from xds_server.telemetry.pools import PoolCollector
 from xds_server.telemetry.scrape import ScrapeTelemetry
 from xds_server.xds.access_logs import AccessLogServer, PrefillingPrompts
 from xds_server.xds.cache import SnapshotCache
@@ -138,6 +139,7 @@ class XdsApplication:
         )
         self.telemetry.registry.register(PodCollector(self.pods, self.controller))
         self.telemetry.registry.register(BandCollector(self.controller, self.envoy_load))
+        self.telemetry.registry.register(PoolCollector(self.controller))
         self.discovery: KubernetesDiscovery | None = None
         self._kubernetes_api: Any = None
         self._kubernetes_telemetry: KubernetesTelemetry | None = None

@@ -40,11 +40,13 @@ class ConfigFile:
         upstream: Mapping[str, Any] | None = None,
         request_timeout_s: float = 0.0,
         listener: Mapping[str, Any] | None = None,
+        allow_empty: Iterable[str] = (),
     ) -> None:
         """Write the pools; `gpu_aware` is off by default: these backends have no /metrics.
         `flow_control` and `upstream` are the config's sections (absent when None),
         `listener` more keys of its listener;
-        `session_affinity` names the pools that have it. An endpoint is anything with a
+        `session_affinity` names the pools that have it, `allow_empty` those that say
+        `allow_empty: true`. An endpoint is anything with a
         `host` and a `port` (an ExampleBackend, a FaultyServer)."""
         document: dict[str, Any] = {
             "model_rewrites": list(model_rewrites),
@@ -66,6 +68,7 @@ class ConfigFile:
                     "endpoints": [
                         {"address": b.host, "port": b.port, "weight": w} for b, w in endpoints
                     ],
+                    **({"allow_empty": True} if name in set(allow_empty) else {}),
                 }
                 for name, (models, endpoints) in pools.items()
             ],

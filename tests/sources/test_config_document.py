@@ -1,5 +1,6 @@
 """Parsing in a child process: the same answers as `parse_config`, a time bound that kills
-the child, a crash that is the child's alone; and which pools a config leaves empty."""
+the child, a crash that is the child's alone; which pools a config leaves empty, and which
+it empties (refused)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from tests.e2e.conftest import eventually
 from tests.sources.stalls import giant_document, slow_document
 from xds_server.config import ParseLimits, parse_config
 from xds_server.errors import ConfigError
-from xds_server.sources.config_document import parse_in_child, pools_without_endpoints
+from xds_server.sources.config_document import (
+    emptied_pools,
+    parse_in_child,
+    pools_without_endpoints,
+    refuse_emptied_pools,
+)
 
 FULL = """
 listener: {address: 127.0.0.1, port: 8081, max_request_bytes: 4096}
@@ -108,3 +114,73 @@ def test_pools_without_endpoints(pool: str, followed: bool, empty: bool) -> None
         "{name: b, models: [n], endpoints: [{address: 10.0.0.2, port: 80}]}]"
     )
     assert pools_without_endpoints(config, selectors_followed=followed) == (("a",) if empty else ())
+
+
+LISTED = "endpoints: [{address: 10.0.0.1, port: 80}, {address: 10.0.0.3, port: 80}]"
+SELECTOR = "selector: {match_labels: {app: a}, target_port: 80}"
+OTHER = "{name: b, models: [n], endpoints: [{address: 10.0.0.2, port: 80}]}"
+
+
+def _pools(*pools: str) -> str:
+    return "pools: [" + ", ".join(pools) + "]"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "followed", "emptied"),
+    [
+        # A list of endpoints that goes from some to none: emptied, with or without
+        # Kubernetes, whether the list is gone or written empty.
+        (LISTED, "endpoints: []", False, True),
+        (LISTED, "endpoints: []", True, True),
+        (LISTED, "", False, True),  # no `endpoints` key at all
+        # ...unless the pool says so.
+        (LISTED, "allow_empty: true", False, False),
+        (LISTED, "endpoints: [], allow_empty: true", True, False),
+        # Endpoints left: not emptied.
+        (LISTED, "endpoints: [{address: 10.0.0.3, port: 80}]", False, False),
+        # A selector that is followed brings its pods (or none, for a while): not emptied.
+        (LISTED, SELECTOR, True, False),
+        (f"{LISTED}, {SELECTOR}", SELECTOR, True, False),
+        # ...but one nothing follows (no Kubernetes) brings nothing: emptied.
+        (LISTED, SELECTOR, False, True),
+        # A pool that listed none had nothing to lose (accepted with the warning).
+        ("endpoints: []", "endpoints: []", False, False),
+        (SELECTOR, "endpoints: []", True, False),
+    ],
+)
+def test_emptied_pools(before: str, after: str, followed: bool, emptied: bool) -> None:
+    old = parse_config(_pools(f"{{name: a, models: [m], {before}}}", OTHER))
+    new = parse_config(_pools(f"{{name: a, models: [m], {after}}}", OTHER))
+    assert emptied_pools(old, new, selectors_followed=followed) == (("a",) if emptied else ())
+
+
+def test_new_and_removed_pools_and_the_first_config_empty_nothing() -> None:
+    old = parse_config(_pools(f"{{name: a, models: [m], {LISTED}}}", OTHER))
+    # The first config since the server started: nothing to compare with.
+    first = parse_config(_pools("{name: a, models: [m]}", OTHER))
+    assert emptied_pools(None, first, selectors_followed=False) == ()
+    # A pool new in the config, empty: it never had endpoints.
+    added = parse_config(
+        _pools(f"{{name: a, models: [m], {LISTED}}}", OTHER, "{name: c, models: [o]}")
+    )
+    assert emptied_pools(old, added, selectors_followed=False) == ()
+    # A pool removed, with its models: not emptied.
+    removed = parse_config(_pools(OTHER))
+    assert emptied_pools(old, removed, selectors_followed=False) == ()
+    # A renamed pool is a new pool.
+    renamed = parse_config(_pools("{name: a2, models: [m]}", OTHER))
+    assert emptied_pools(old, renamed, selectors_followed=False) == ()
+
+
+def test_the_refusal_names_each_emptied_pool_and_what_it_had() -> None:
+    old = parse_config(_pools(f"{{name: a, models: [m], {LISTED}}}", OTHER))
+    new = parse_config(_pools("{name: a, models: [m]}", "{name: b, models: [n]}"))
+    assert emptied_pools(old, new, selectors_followed=False) == ("a", "b")
+    with pytest.raises(ConfigError) as caught:
+        refuse_emptied_pools(old, new, source="c.yaml", selectors_followed=False)
+    assert str(caught.value) == (
+        "c.yaml: refused: it would leave 2 pool(s) that listed endpoints with none:"
+        " 'a' (had 2), 'b' (had 1), and their models answered 503 no_healthy_upstream"
+        " (`allow_empty: true` on a pool empties it on purpose)"
+    )
+    refuse_emptied_pools(old, old, source="c.yaml", selectors_followed=False)  # nothing emptied

@@ -159,6 +159,47 @@ async def test_hostile_files_are_refused_while_the_server_keeps_answering(
             assert registry.get_sample_value("xds_config_last_reload_successful") == 0
 
 
+async def test_a_change_that_empties_a_pool_is_refused_unless_the_pool_allows_it(
+    tmp_path: Path,
+) -> None:
+    """Compared with the config yielded last: a pool whose endpoints all go is refused;
+    with `allow_empty` it is accepted (with the warning), and once empty it stays
+    accepted without."""
+    path = tmp_path / "config.yaml"
+    path.write_text("pools: [{name: a, models: [m], endpoints: [{address: 10.0.0.1, port: 80}]}]")
+    emptied = "pools: [{name: a, models: [m]}]"
+    then = iter(
+        [
+            emptied,
+            "pools: [{name: a, models: [m], allow_empty: true}]",
+            emptied + "  # already empty",
+        ]
+    )
+    telemetry = Telemetry()
+    seen: list[RoutingConfig | ConfigError] = []
+    async with asyncio.timeout(60):
+        async for item in watch_config_file(path, interval_s=0.05, telemetry=telemetry):
+            seen.append(item)
+            document = next(then, None)
+            if document is None:
+                break
+            _write(path, document.encode())
+    refused, allowed, stays = seen[1:]
+    assert isinstance(seen[0], RoutingConfig) and len(seen[0].pools[0].endpoints) == 1
+    assert isinstance(refused, ConfigError)
+    assert str(refused) == (
+        f"{path}: refused: it would leave 1 pool(s) that listed endpoints with none: 'a' (had 1),"
+        " and their models answered 503 no_healthy_upstream (`allow_empty: true` on a pool"
+        " empties it on purpose)"
+    )
+    assert isinstance(allowed, RoutingConfig) and allowed.pools[0].allow_empty
+    assert isinstance(stays, RoutingConfig) and stays.pools[0].endpoints == ()
+    warnings = telemetry.registry.get_sample_value(
+        "xds_config_warnings_total", {"reason": "pool_without_endpoints"}
+    )
+    assert warnings == 2  # the two accepted empty configs; the refused one is not counted
+
+
 async def test_a_file_past_the_parse_time_bound_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_bytes(slow_document())

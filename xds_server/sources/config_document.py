@@ -16,7 +16,10 @@ Unpickling is safe here: the bytes come from our own child, and whatever the doc
 said, they are a validated RoutingConfig or a ConfigError. A child starts in about 0.2 s
 (Python and pydantic), once per changed document.
 
-A config the server accepts can still leave a pool without endpoints; `warn_empty_pools`
+A config can leave a pool without endpoints. One that takes away the last of a pool's
+listed `endpoints` is refused (`refuse_emptied_pools`, unless the pool says `allow_empty`):
+every request for its models would get 503, and an edit that drops a list by mistake is
+likelier than one that means it. Any other such config is accepted; `warn_empty_pools`
 says so (log and metric) and returns the warning for the source to record as an Event.
 """
 
@@ -41,8 +44,10 @@ __all__ = [
     "ChildParser",
     "PARSE_TIMEOUT_S",
     "POOL_WITHOUT_ENDPOINTS",
+    "emptied_pools",
     "parse_in_child",
     "pools_without_endpoints",
+    "refuse_emptied_pools",
     "warn_empty_pools",
 ]
 
@@ -210,6 +215,56 @@ def pools_without_endpoints(config: RoutingConfig, *, selectors_followed: bool) 
         pool.name
         for pool in config.pools
         if not pool.endpoints and (pool.selector is None or not selectors_followed)
+    )
+
+
+def emptied_pools(
+    before: RoutingConfig | None, config: RoutingConfig, *, selectors_followed: bool
+) -> tuple[str, ...]:
+    """The pools `config` would empty, in its order: those it leaves without endpoints
+    (`pools_without_endpoints`) that listed at least one endpoint in `before`, the config
+    last accepted from the same source, unless `config` gives them `allow_empty`.
+
+    Only a list of `endpoints` that goes from some to none counts. Not counted: a pool new
+    in `config` or one that listed none in `before` (it had nothing to lose; it is accepted
+    with the warning, as before); a pool whose selector is followed (its pods come and go
+    for good reasons, none Ready before the first rollout: /readyz and
+    xds_pool_healthy_endpoints show it empty); a pool `config` removes (its models go with
+    it); anything when `before` is None (the first config since the server started). On
+    Kubernetes an InferencePool of the pool's name may still bring pods, but the document
+    is judged alone: a pool that means to rely on one says `allow_empty`.
+    """
+    if before is None:
+        return ()
+    listed = {pool.name for pool in before.pools if pool.endpoints}
+    allowed = {pool.name for pool in config.pools if pool.allow_empty}
+    return tuple(
+        name
+        for name in pools_without_endpoints(config, selectors_followed=selectors_followed)
+        if name in listed and name not in allowed
+    )
+
+
+def refuse_emptied_pools(
+    before: RoutingConfig | None,
+    config: RoutingConfig,
+    *,
+    source: str,
+    selectors_followed: bool,
+) -> None:
+    """Raise ConfigError naming each pool `config` would empty (`emptied_pools`) and the
+    endpoints it listed in `before`; return if it empties none. The source yields the error
+    as it yields any refused document: the last good config stays in force."""
+    emptied = emptied_pools(before, config, selectors_followed=selectors_followed)
+    if not emptied:
+        return
+    assert before is not None  # emptied_pools empties nothing without it
+    had = {pool.name: len(pool.endpoints) for pool in before.pools}
+    names = ", ".join(f"{name!r} (had {had[name]})" for name in emptied)
+    raise ConfigError(
+        f"{source}: refused: it would leave {len(emptied)} pool(s) that listed endpoints"
+        f" with none: {names}, and their models answered 503 no_healthy_upstream"
+        " (`allow_empty: true` on a pool empties it on purpose)"
     )
 
 

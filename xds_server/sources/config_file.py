@@ -23,7 +23,12 @@ from typing import TYPE_CHECKING
 
 from xds_server.config import ParseLimits, RoutingConfig, read_document
 from xds_server.errors import ConfigError
-from xds_server.sources.config_document import PARSE_TIMEOUT_S, ChildParser, warn_empty_pools
+from xds_server.sources.config_document import (
+    PARSE_TIMEOUT_S,
+    ChildParser,
+    refuse_emptied_pools,
+    warn_empty_pools,
+)
 from xds_server.telemetry import Telemetry
 
 if TYPE_CHECKING:
@@ -55,10 +60,11 @@ async def watch_config_file(
 ) -> AsyncIterator[RoutingConfig | ConfigError]:
     """Yield the parsed config now and after every content change; errors are yielded, not raised.
 
-    A config accepted with pools it leaves without endpoints is yielded after a warning
-    (`warn_empty_pools`; `selectors_followed` when Kubernetes discovery follows the pools'
-    selectors, `telemetry` to count it). `_iterations` bounds the number of polls (tests
-    only).
+    A config that takes away the last of a pool's listed endpoints, compared with the one
+    yielded last, is yielded as a ConfigError (`refuse_emptied_pools`). A config accepted
+    with pools it leaves without endpoints is yielded after a warning (`warn_empty_pools`;
+    `selectors_followed` when Kubernetes discovery follows the pools' selectors,
+    `telemetry` to count it). `_iterations` bounds the number of polls (tests only).
     """
     parser = ChildParser()
     try:
@@ -92,6 +98,8 @@ async def _follow(
     iterations: int | None,
 ) -> AsyncIterator[RoutingConfig | ConfigError]:
     source = str(path)
+    # The config yielded last: what a new one may not empty pools of.
+    accepted: RoutingConfig | None = None
     last_digest: bytes | None = None
     last_stat: tuple[int, ...] | None = None
     polls = 0
@@ -116,18 +124,22 @@ async def _follow(
                 last_digest = digest
                 parsed: RoutingConfig | ConfigError
                 try:
-                    parsed = await parser.parse(
+                    config = await parser.parse(
                         document, source=source, limits=limits, timeout_s=parse_timeout_s
+                    )
+                    refuse_emptied_pools(
+                        accepted, config, source=source, selectors_followed=selectors_followed
                     )
                 except ConfigError as exc:
                     parsed = exc
                 else:
                     warn_empty_pools(
-                        parsed,
+                        config,
                         source=source,
                         selectors_followed=selectors_followed,
                         telemetry=telemetry,
                     )
+                    parsed = accepted = config
                 yield parsed
         await events.wait(interval_s)
 

@@ -2,9 +2,10 @@
 
 Each yields every document as it changes, parsed and validated (`RoutingConfig`), or the
 `ConfigError` that says why it cannot be used; the caller keeps the last good one. Both
-parse in a child process, bounded in size, aliases and time (`config_document`), and warn
-(log, `xds_config_warnings_total`, an Event on a ConfigMap) about a config that leaves a
-pool without endpoints.
+parse in a child process, bounded in size, aliases and time (`config_document`), refuse a
+config that takes away the last of a pool's listed endpoints (unless the pool says
+`allow_empty`), and warn (log, `xds_config_warnings_total`, an Event on a ConfigMap) about
+any other config that leaves a pool without endpoints.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@
     kubernetes.py  KubernetesTelemetry: list/watch and Events
     pods.py        PodCollector: xds_pod_* per pod, read at scrape time
     bands.py       BandCollector: xds_band_* and xds_pool_* (flow control), read at scrape time
+    pools.py       PoolCollector: xds_pool_healthy_endpoints, read at scrape time (and /readyz)
     load_reports.py  InProgressCollector: xds_lrs_requests_in_progress, read at scrape time
     loop_lag.py    the event loop's lag and the garbage collector's pauses
 

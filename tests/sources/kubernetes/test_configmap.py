@@ -1,6 +1,7 @@
 """The routing config from a ConfigMap, through the API server double: hostile documents
-refused with a Warning Event while the server keeps answering, and a config that leaves a
-pool without endpoints accepted with a Warning Event."""
+refused with a Warning Event while the server keeps answering, a config that leaves a
+pool without endpoints accepted with a Warning Event, and one that empties a pool which
+listed endpoints refused with one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.sources.kubernetes.apiserver import ApiServerDouble
 from tests.sources.stalls import BOUND_S, alias_bomb, giant_document, least_stalls, slow_document
 from xds_server.app import XdsApplication
 from xds_server.config import RoutingConfig
+from xds_server.errors import ConfigError
 from xds_server.settings import KubernetesSettings, ServerSettings, WatchSettings
 from xds_server.sources.kubernetes.client import api_client
 from xds_server.sources.kubernetes.configmap import watch_configmap
@@ -139,6 +141,40 @@ async def test_a_configmap_leaving_a_pool_without_endpoints_is_applied_with_a_wa
         assert isinstance(config, RoutingConfig)
         assert [e["reason"] for e in apiserver.events(NAMESPACE)][2:] == ["ConfigApplied"]
         assert warnings() == 1
+    finally:
+        await documents.aclose()
+        client.close()
+
+
+async def test_a_configmap_that_empties_a_pool_is_refused_with_a_warning_event(
+    apiserver: ApiServerDouble,
+) -> None:
+    listed = "{name: a, models: [m], endpoints: [{address: 10.0.0.1, port: 80}]}"
+    apiserver.put(configmap(f"pools: [{listed}]"))
+    client = api_client(host=apiserver.url)
+    documents = watch_configmap(
+        client,
+        namespace=NAMESPACE,
+        name=NAME,
+        events=EventRecorder(client, instance="xds-server-0", timeout_s=5),
+        watch=FAST_WATCHES,
+    )
+    try:
+        assert isinstance(await asyncio.wait_for(anext(documents), 30), RoutingConfig)
+        apiserver.put(configmap("pools: [{name: a, models: [m], endpoints: []}]"))
+        refused = await asyncio.wait_for(anext(documents), 30)
+        assert isinstance(refused, ConfigError)
+        assert "'a' (had 1)" in str(refused)
+        event = apiserver.events(NAMESPACE)[-1]
+        assert (event["reason"], event["type"]) == ("InvalidConfig", "Warning")
+        assert event["message"] == str(refused)
+
+        # The pool says so: applied, with the warning about the empty pool.
+        apiserver.put(configmap("pools: [{name: a, models: [m], allow_empty: true}]"))
+        allowed = await asyncio.wait_for(anext(documents), 30)
+        assert isinstance(allowed, RoutingConfig) and allowed.pools[0].endpoints == ()
+        reasons = [e["reason"] for e in apiserver.events(NAMESPACE)][-2:]
+        assert reasons == ["ConfigApplied", "PoolWithoutEndpoints"]
     finally:
         await documents.aclose()
         client.close()

@@ -4,8 +4,10 @@ Watching the object rather than reading a mounted file applies a change within a
 the update instead of after the kubelet's sync period (a minute or more), and lets the
 server answer on the object itself: an invalid document gets a Warning Event on the
 ConfigMap (`kubectl describe configmap` shows it beside the change that caused it), while
-the last good config stays in force; a valid one gets a Normal Event, and a Warning Event
-too when it leaves a pool without endpoints (`config_document.warn_empty_pools`).
+the last good config stays in force, and so does one that takes away the last of a pool's
+listed endpoints (`config_document.refuse_emptied_pools`); a valid one gets a Normal
+Event, and a Warning Event too when it leaves a pool without endpoints
+(`config_document.warn_empty_pools`).
 
 The document is parsed in a child process (`config_document.parse_in_child`), bounded in
 size, aliases and time, so that no document can stall the event loop.
@@ -24,7 +26,12 @@ import kubernetes
 from xds_server.config import ParseLimits, RoutingConfig
 from xds_server.errors import ConfigError
 from xds_server.settings import WatchSettings
-from xds_server.sources.config_document import PARSE_TIMEOUT_S, parse_in_child, warn_empty_pools
+from xds_server.sources.config_document import (
+    PARSE_TIMEOUT_S,
+    parse_in_child,
+    refuse_emptied_pools,
+    warn_empty_pools,
+)
 from xds_server.sources.kubernetes.events import EventRecorder
 from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher, watch_options
 from xds_server.telemetry import Telemetry
@@ -66,9 +73,10 @@ async def watch_configmap(
     server_telemetry: Telemetry | None = None,
 ) -> AsyncIterator[RoutingConfig | ConfigError]:
     """Yield the parsed config once the ConfigMap is listed and after every change of its
-    content; errors are yielded (and recorded as Events), not raised. A config that leaves
-    a pool without endpoints is yielded after a Warning Event (counted in
-    `server_telemetry`)."""
+    content; errors are yielded (and recorded as Events), not raised. A config that takes
+    away the last of a pool's listed endpoints, compared with the one yielded last, is such
+    an error (`refuse_emptied_pools`). A config that leaves a pool without endpoints is
+    yielded after a Warning Event (counted in `server_telemetry`)."""
     source = f"ConfigMap {namespace}/{name}"
     changed = asyncio.Event()
     watcher = ResourceWatcher(
@@ -86,6 +94,8 @@ async def watch_configmap(
     )
     task = asyncio.create_task(watcher.run(), name="watch-configmap")
     last_digest: bytes | None = None
+    # The config yielded last: what a new one may not empty pools of.
+    accepted: RoutingConfig | None = None
     try:
         while True:
             await changed.wait()
@@ -102,6 +112,7 @@ async def watch_configmap(
                 config = await _read(
                     configmap, source=source, limits=limits, timeout_s=parse_timeout_s
                 )
+                refuse_emptied_pools(accepted, config, source=source, selectors_followed=True)
             except ConfigError as exc:
                 if configmap is not None:
                     await events.record(
@@ -125,6 +136,7 @@ async def watch_configmap(
                         reason="PoolWithoutEndpoints",
                         message=warning,
                     )
+                accepted = config
                 yield config
     finally:
         task.cancel()
