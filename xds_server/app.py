@@ -46,6 +46,7 @@ from xds_server.telemetry.loop_lag import timing_gc, watch_loop_lag
 from xds_server.telemetry.pods import PodCollector
 from xds_server.telemetry.pools import PoolCollector
 from xds_server.telemetry.scrape import ScrapeTelemetry
+from xds_server.verdicts import PodVerdicts, run_probes
 from xds_server.xds.access_logs import AccessLogServer, PrefillingPrompts
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.identity import Authenticator, IdentityPolicy
@@ -79,6 +80,7 @@ class XdsApplication:
 
     def __init__(self, settings: ServerSettings, *, clock: Clock = loop_clock) -> None:
         self.settings = settings
+        self._clock = clock
         self.telemetry = Telemetry()
         self.cache = SnapshotCache()
         self.registry = NodeRegistry(self.telemetry)
@@ -109,12 +111,23 @@ class XdsApplication:
             credentials=self._tls.channel_credentials if self._tls is not None else None,
             server_name=settings.tls.peer_server_name if settings.tls is not None else None,
         )
+        # Pods judged by what the Envoys report of them; a verdict decides at once, and
+        # wakes the probes.
+        self._probe_wake = asyncio.Event()
+        self.verdicts = PodVerdicts(
+            lambda: self.controller.config,
+            clock=clock,
+            on_change=self._verdicts_changed,
+            observe=lambda reason: self.telemetry.pod_verdicts.labels(reason).inc(),
+        )
+        self.load_reports.observe(self.verdicts)
         self.envoy_load = EnvoyLoad(
             self.load_reports,
             self.long_prompts,
             replica=settings.replica,
             registry=self.registry,
             peers=self.peers,
+            verdicts=self.verdicts,
         )
         store = MetricsStore()
         self.pods = PodMetricsSource(store, clock=clock)
@@ -211,12 +224,17 @@ class XdsApplication:
     def _metrics_changed(self, _pod_id: str) -> None:
         self.controller.metrics_changed()
 
+    def _verdicts_changed(self) -> None:
+        self.controller.verdicts_changed()
+        self._probe_wake.set()
+
     def _fleet_json(self, node: str | None = None) -> dict[str, object]:
-        """For /debug/nodes: the peers, and the fleet's Envoys as the policy counts them
-        (only `node`, when given)."""
+        """For /debug/nodes: the peers, the pods judged from the Envoys' reports, and the
+        fleet's Envoys as the policy counts them (only `node`, when given)."""
         return {
             "replica": self.settings.replica,
             "peers": self.peers.to_json(),
+            "verdicts": self.verdicts.to_json(),
             **self.envoy_load.to_json(
                 self.controller.config, self.controller.decision, node=node
             ),
@@ -317,6 +335,9 @@ class XdsApplication:
             asyncio.create_task(self.controller.run(), name="controller"),
             asyncio.create_task(self._follow_config(), name="config-source"),
             asyncio.create_task(watch_loop_lag(self.telemetry), name="loop-lag"),
+            asyncio.create_task(
+                run_probes(self.verdicts, self._probe_wake, clock=self._clock), name="probes"
+            ),
         ]
         if self.discovery is not None:
             self._tasks.append(

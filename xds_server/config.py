@@ -48,6 +48,7 @@ __all__ = [
     "ScorerWeights",
     "UpdatesConfig",
     "UpstreamConfig",
+    "VerdictsConfig",
     "load_config",
     "load_document",
     "load_yaml",
@@ -263,6 +264,29 @@ class UpstreamConfig(_Strict):
     max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 100_000
 
 
+class VerdictsConfig(_Strict):
+    """Pods judged by what the Envoys see of them (LRS), not only by their metrics pages.
+
+    A pod is `stalled` when it owes `stall_after_owed` completions: its requests in flight,
+    over time, divided by how long its pool's other pods take per request (Little's law on
+    the same reports), with none finished since; a pod with few requests is given as long
+    as its work needs. It is `failing` when at least `min_failures` of its recent requests
+    failed (resets, connect failures, 5xx) and those are `failure_ratio` of what it
+    finished. Either takes it out of rotation (UNHEALTHY) at the next decision. It comes
+    back when a request of its finishes (stalled only) or when a probe does: a two-token
+    streamed completion of its pool's first model, sent by the server, finished within
+    `probe_timeout_s`; probes start one second after the verdict and back off to
+    `probe_max_interval_s`. GPU-aware pools only (the others have no decisions to change).
+    """
+
+    enabled: bool = True
+    stall_after_owed: Annotated[float, Field(ge=1, le=1000)] = 6.0
+    failure_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
+    min_failures: Annotated[int, Field(ge=1, le=100_000)] = 5
+    probe_timeout_s: Annotated[float, Field(gt=0, le=300)] = 5.0
+    probe_max_interval_s: Annotated[float, Field(ge=1, le=3600)] = 30.0
+
+
 class ScorerWeights(_Strict):
     """Exponents of each scorer in the weight formula (0 turns a scorer off); see the README."""
 
@@ -434,6 +458,7 @@ class RoutingConfig(_Strict):
     balancing: BalancingConfig = BalancingConfig()
     updates: UpdatesConfig = UpdatesConfig()
     flow_control: FlowControlConfig = FlowControlConfig()
+    verdicts: VerdictsConfig = VerdictsConfig()
 
     @model_validator(mode="after")
     def _unique_names(self) -> RoutingConfig:

@@ -245,6 +245,12 @@ class Controller:
         if any(c in clusters for p in config.pools for c in names.long_prompt_clusters(config, p)):
             self._schedule_soon()
 
+    def verdicts_changed(self) -> None:
+        """A pod was judged stalled or failing from the Envoys' reports, or came back
+        (verdicts.py): decide now, as for a long prompt."""
+        if self._config is not None:
+            self._schedule_soon()
+
     def _schedule_soon(self) -> None:
         """Decide at once, but at most every LOAD_DECISION_GAP_S, or the last decision's
         own duration if longer: a stream of load changes or connects (however many

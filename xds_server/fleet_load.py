@@ -34,9 +34,17 @@ from xds_server.xds.access_logs import PrefillingPrompts
 from xds_server.xds.load_reports import LoadReports
 from xds_server.xds.nodes import NodeRegistry
 
-__all__ = ["EnvoyLoad", "PeerView"]
+__all__ = ["EnvoyLoad", "PeerView", "VerdictView"]
 
 _NO_DEMAND = EnvoyDemand()
+
+
+class VerdictView(Protocol):
+    """The pods judged from this replica's load reports (verdicts.py)."""
+
+    revision: int
+
+    def of_pool(self, pool: str) -> Mapping[str, str]: ...
 
 
 class PeerView(Protocol):
@@ -68,8 +76,10 @@ class EnvoyLoad:
         replica: str = "xds-server",
         registry: NodeRegistry | None = None,
         peers: PeerView | None = None,
+        verdicts: VerdictView | None = None,
     ) -> None:
         self._reports = reports
+        self._verdicts = verdicts
         self._prompts = prompts
         self._replica = replica
         self._registry = registry
@@ -173,6 +183,7 @@ class EnvoyLoad:
             self.local_report(config),
             tuple(report for report, _ in peers.reports()) if peers is not None else (),
             peers.reserved() if peers is not None else 0.0,
+            self._verdicts.revision if self._verdicts is not None else 0,
         )
         if self._fleet is not None and self._fleet[0] == key:
             return self._fleet[1]
@@ -190,6 +201,7 @@ class EnvoyLoad:
                 if bands
                 else BandLoad(in_flight={}),
                 long_prompts=_long_prompts(long, envoys),
+                verdicts=self._verdicts.of_pool(pool.name) if self._verdicts is not None else {},
             )
         return FleetLoad(
             pools=pools, reserved=self._peers.reserved() if self._peers is not None else 0.0

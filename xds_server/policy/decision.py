@@ -41,6 +41,7 @@ __all__ = [
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 _NO_SIGNALS: Mapping[str, PodSignals] = MappingProxyType({})
+_NO_VERDICTS: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +53,9 @@ class PoolLoad:
     # Long prompts still holding each pod (endpoint id "address:port"): prefilling as the
     # access log tells, or in flight as the load reports of Envoys that do not log tell.
     long_prompts: Mapping[str, int] = field(default_factory=dict)
+    # Pods the Envoys' reports show stalled or failing (endpoint id -> reason): out of
+    # rotation whatever their metrics say (verdicts.py).
+    verdicts: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,11 +167,13 @@ class Decider:
             previous = memory.pools.get(pool.name, PoolMemory())
             pool_load = load.pools.get(pool.name) if load is not None else None
             long_prompts = pool_load.long_prompts if pool_load is not None else _EMPTY
+            verdicts = pool_load.verdicts if pool_load is not None else _NO_VERDICTS
             key: _ScoringKey = (
                 pool,
                 config.balancing,
                 own_signals[pool.name],
                 long_prompts,
+                verdicts,
                 previous,
             )
             last = self._scored.get(pool.name)
@@ -179,6 +185,7 @@ class Decider:
                 settings=config.balancing,
                 signals=own_signals[pool.name],
                 long_prompts=long_prompts,
+                verdicts=verdicts,
                 memory=previous.scores,
                 placement=previous.placement,
                 adapter_activity=previous.adapter_activity,

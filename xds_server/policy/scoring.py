@@ -397,16 +397,18 @@ def score_pool(
     adapter_activity: Mapping[str, float] = MappingProxyType({}),
     long_prompts: Mapping[str, int] = MappingProxyType({}),
     spilled: Set[str] = frozenset(),
+    verdicts: Mapping[str, str] = MappingProxyType({}),
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
     `memory`, `placement`, `adapter_activity` and `spilled` are the previous call's
     (empty at first); `draining` lists endpoints being shut down;
-    `long_prompts` the long prompts in flight per endpoint id. Pure: the same inputs give
-    the same output.
+    `long_prompts` the long prompts in flight per endpoint id; `verdicts` the pods the
+    Envoys' reports show stalled or failing (by endpoint id: the reason), which are out of
+    rotation like a pod known to be down. Pure: the same inputs give the same output.
     """
     keys = {endpoint_id(e) for e in pool.endpoints}
-    down = {key for key, s in signals.items() if s.down}
+    down = {key for key, s in signals.items() if s.down} | (verdicts.keys() & keys)
     fresh = {
         key: s
         for key, s in signals.items()
@@ -504,6 +506,7 @@ def score_pool(
                 hardware=endpoint.hardware,
                 long_prompts=long_prompts.get(key, 0),
                 spilling=key in spilling,
+                verdict=verdicts.get(key),
             )
         )
     return ScoredPool(

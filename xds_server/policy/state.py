@@ -45,6 +45,8 @@ class EndpointState:
     # recovers (other pods' keys do not move), and it is DEGRADED in the pool's
     # assignment, so it gets no new request while another pod is healthy.
     spilling: bool = False
+    # Why the Envoys' reports took the pod out of rotation ("stalled", "failing"), if so.
+    verdict: str | None = None
 
     @property
     def id(self) -> str:

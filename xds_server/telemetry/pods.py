@@ -45,6 +45,11 @@ _FAMILIES = {
         "1 while the pod queues or prefills a long prompt: DEGRADED in its pool (nothing new"
         " while another pod is healthy) and its session keys sent to other pods, else 0.",
     ),
+    "verdict": (
+        "xds_pod_verdict",
+        "1 while the Envoys' load reports keep the pod out of rotation (label reason:"
+        " stalled or failing); absent otherwise.",
+    ),
     "age": ("xds_pod_metrics_age_seconds", "Age of the pod's last good metrics."),
     "errors": ("xds_pod_scrape_errors_in_a_row", "Failed scrapes since the last good one."),
 }
@@ -59,7 +64,9 @@ class PodCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {
-            key: GaugeMetricFamily(name, documentation, labels=_LABELS)
+            key: GaugeMetricFamily(
+                name, documentation, labels=[*_LABELS, "reason"] if key == "verdict" else _LABELS
+            )
             for key, (name, documentation) in _FAMILIES.items()
         }
         observations = self._pods.observations()
@@ -74,6 +81,8 @@ class PodCollector(Collector):
                 )
                 families["spilling"].add_metric(labels, float(endpoint.spilling))
                 families["adapters"].add_metric(labels, len(endpoint.adapters))
+                if endpoint.verdict is not None:
+                    families["verdict"].add_metric([*labels, endpoint.verdict], 1.0)
                 observation = observations.get(pod_id)
                 if observation is None:
                     continue

@@ -115,6 +115,13 @@ class Telemetry:
             " plus 1,000.",
             registry=r,
         )
+        self.pod_verdicts = Counter(
+            "xds_pod_verdicts",
+            "Pods taken out of rotation for what the Envoys' load reports show of them, by"
+            " reason: stalled (requests in flight, none finishing) or failing.",
+            ["reason"],
+            registry=r,
+        )
         self.als_dropped_entries = Counter(
             "xds_als_dropped_entries",
             "Access log entries dropped: an unknown cluster, or a stream over its bound.",

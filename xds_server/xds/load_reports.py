@@ -38,6 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import load_report_pb2
@@ -47,7 +48,14 @@ from xds_server.telemetry import Telemetry
 from xds_server.telemetry.load_reports import InProgressCollector
 from xds_server.xds.cache import NodeHash, by_node_cluster
 
-__all__ = ["ClusterLoad", "LoadReports", "NodeLoad", "Rates", "SPARE_REPORT_CLUSTERS"]
+__all__ = [
+    "ClusterLoad",
+    "LoadReports",
+    "NodeLoad",
+    "Rates",
+    "ReportObserver",
+    "SPARE_REPORT_CLUSTERS",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +90,9 @@ class ClusterLoad:
     in_progress: int
     # Requests in flight per endpoint ("address:port"); endpoints with none are left out.
     by_endpoint: Mapping[str, int]
+    # Requests finished in the report's interval per endpoint: (successful, failed); those
+    # that finished none are left out.
+    finished_by_endpoint: Mapping[str, tuple[int, int]]
     rates: Rates
     # The interval the report covers (Envoy's measured load_report_interval), in seconds.
     interval_s: float
@@ -97,17 +108,27 @@ class ClusterLoad:
             return total / interval if interval > 0 else 0.0
 
         by_endpoint: dict[str, int] = {}
+        finished: dict[str, tuple[int, int]] = {}
         for locality in localities:
             for endpoint in locality.upstream_endpoint_stats:
-                if endpoint.total_requests_in_progress and endpoint.address.HasField(
+                in_progress = endpoint.total_requests_in_progress
+                succeeded = endpoint.total_successful_requests
+                failed = endpoint.total_error_requests
+                if not (in_progress or succeeded or failed) or not endpoint.address.HasField(
                     "socket_address"
                 ):
-                    address = endpoint.address.socket_address
-                    key = f"{address.address}:{address.port_value}"
-                    by_endpoint[key] = by_endpoint.get(key, 0) + endpoint.total_requests_in_progress
+                    continue
+                address = endpoint.address.socket_address
+                key = f"{address.address}:{address.port_value}"
+                if in_progress:
+                    by_endpoint[key] = by_endpoint.get(key, 0) + in_progress
+                if succeeded or failed:
+                    before = finished.get(key, (0, 0))
+                    finished[key] = (before[0] + succeeded, before[1] + failed)
         return cls(
             in_progress=sum(s.total_requests_in_progress for s in localities),
             by_endpoint=by_endpoint,
+            finished_by_endpoint=finished,
             rates=Rates(
                 successful_per_s=rate(sum(s.total_successful_requests for s in localities)),
                 issued_per_s=rate(sum(s.total_issued_requests for s in localities)),
@@ -117,6 +138,15 @@ class ClusterLoad:
             interval_s=interval,
             reported_at=now,
         )
+
+
+class ReportObserver(Protocol):
+    """Hears every accepted report as it arrives (the pods' verdicts, verdicts.py): the
+    latest figures above are a view, this is the stream of report intervals."""
+
+    def reported(self, node_id: str, loads: Mapping[str, ClusterLoad], now: float) -> None: ...
+
+    def closed(self, node_id: str) -> None: ...
 
 
 @dataclass
@@ -154,6 +184,7 @@ class LoadReports:
         self._clock = clock
         self._known_clusters = known_clusters
         self._on_change: Callable[[Set[str]], None] | None = None
+        self._observer: ReportObserver | None = None
         self._nodes: dict[int, NodeLoad] = {}
         # Grows whenever a node's figures change (not with a report that repeats the last).
         self.revision = 0
@@ -167,6 +198,10 @@ class LoadReports:
         """Call `on_change` with the clusters whose figures changed, from now on (one
         listener: the controller, which is built after this and reads it)."""
         self._on_change = on_change
+
+    def observe(self, observer: ReportObserver) -> None:
+        """Hand every accepted report to `observer` from now on (one: the verdicts)."""
+        self._observer = observer
 
     def open(self, stream_id: int, node: base_pb2.Node) -> NodeLoad:
         """Start tracking the Envoy `node` on stream `stream_id`."""
@@ -197,8 +232,9 @@ class LoadReports:
             clusters = kept
             for name in [n for n in self._totals if n not in known]:
                 del self._totals[name]
+        loads: dict[str, ClusterLoad] = {}
         for stats in clusters:
-            load = ClusterLoad.of(stats, now=now)
+            load = loads[stats.cluster_name] = ClusterLoad.of(stats, now=now)
             previous = entry.clusters.get(stats.cluster_name)
             if load.by_endpoint != (previous.by_endpoint if previous is not None else {}):
                 changed.add(stats.cluster_name)
@@ -215,6 +251,8 @@ class LoadReports:
             totals[1] += stats.total_dropped_requests
         entry.reports += 1
         self._telemetry.lrs_reports.inc()
+        if self._observer is not None:
+            self._observer.reported(entry.node_id, loads, now)
         self._changed(changed)
 
     def _refuse(self, entry: NodeLoad, named: int, known: int) -> None:
@@ -232,6 +270,8 @@ class LoadReports:
         """Forget the Envoy of stream `stream_id` (its stream closed)."""
         entry = self._nodes.pop(stream_id, None)
         if entry is not None:
+            if self._observer is not None:
+                self._observer.closed(entry.node_id)
             self.revision += 1
             self._telemetry.lrs_streams.dec()
             self._changed({name for name, load in entry.clusters.items() if load.by_endpoint})

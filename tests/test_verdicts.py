@@ -1,0 +1,236 @@
+"""Pods judged from the Envoys' load reports (xds_server/verdicts.py), on a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import pytest
+
+from xds_server.config import RoutingConfig, parse_config
+from xds_server.verdicts import PROBE_FIRST_S, PodVerdicts, run_probes
+from xds_server.xds.load_reports import ClusterLoad, Rates
+
+PODS = [f"10.0.0.{i}:8000" for i in range(1, 5)]
+INTERVAL_S = 0.25
+
+
+def _config(pods: list[str] = PODS, **verdicts: object) -> RoutingConfig:
+    endpoints = "".join(
+        f"\n      - {{address: {p.split(':')[0]}, port: {p.split(':')[1]}}}" for p in pods
+    )
+    extra = "".join(f"\n  {k}: {v}" for k, v in verdicts.items())
+    return parse_config(
+        f"pools:\n  - name: p\n    models: [m]\n    endpoints:{endpoints}\n"
+        + (f"verdicts:{extra}\n" if extra else "")
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _load(
+    in_flight: Mapping[str, int], finished: Mapping[str, tuple[int, int]], now: float
+) -> ClusterLoad:
+    return ClusterLoad(
+        in_progress=sum(in_flight.values()),
+        by_endpoint={k: v for k, v in in_flight.items() if v},
+        finished_by_endpoint=dict(finished),
+        rates=Rates(),
+        interval_s=INTERVAL_S,
+        reported_at=now,
+    )
+
+
+class Fleet:
+    """One Envoy reporting every INTERVAL_S on a pool of four pods, each with `in_flight`
+    requests and finishing `rate` per second (as a fraction accumulated to whole ones)."""
+
+    def __init__(self, config: RoutingConfig) -> None:
+        self.clock = Clock()
+        self.changes = 0
+        self.made: list[str] = []
+        self.verdicts = PodVerdicts(
+            lambda: config, clock=self.clock, on_change=self._changed, observe=self.made.append
+        )
+        self._credit = dict.fromkeys(PODS, 0.0)
+
+    def _changed(self) -> None:
+        self.changes += 1
+
+    def run(
+        self,
+        seconds: float,
+        in_flight: Mapping[str, int],
+        rate: Mapping[str, float],
+        failed: Mapping[str, float] | None = None,
+    ) -> None:
+        failed = failed or {}
+        for _ in range(round(seconds / INTERVAL_S)):
+            self.clock.now += INTERVAL_S
+            finished = {}
+            for pod in PODS:
+                self._credit[pod] += rate.get(pod, 0.0) * INTERVAL_S
+                ok = int(self._credit[pod])
+                self._credit[pod] -= ok
+                bad = round(failed.get(pod, 0.0) * INTERVAL_S)
+                if ok or bad:
+                    finished[pod] = (ok, bad)
+            load = _load(in_flight, finished, self.clock.now)
+            self.verdicts.reported("envoy-1", {"p": load}, self.clock.now)
+
+    def judged(self) -> dict[str, str]:
+        return self.verdicts.of_pool("p")
+
+
+# Four pods with 8 requests in flight each, finishing 4 per second: 2 s per request.
+BUSY = dict.fromkeys(PODS, 8)
+SERVING = dict.fromkeys(PODS, 4.0)
+
+
+def test_a_pod_whose_requests_stop_finishing_is_judged_stalled_within_two_seconds() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    assert fleet.judged() == {}
+    wedged = {**SERVING, PODS[0]: 0.0}
+    elapsed = 0.0
+    while not fleet.judged() and elapsed < 10:
+        fleet.run(INTERVAL_S, BUSY, wedged)
+        elapsed += INTERVAL_S
+    assert fleet.judged() == {PODS[0]: "stalled"}
+    # 8 in flight at 2 s per request owe 4 completions a second: 6 in 1.5 s.
+    assert elapsed <= 2.0
+    assert fleet.made == ["stalled"] and fleet.changes == 1
+    detail = fleet.verdicts.to_json()[0]
+    assert detail["pod"] == PODS[0] and "owes" in str(detail["detail"])
+
+
+def test_pods_serving_at_their_pace_are_not_judged_over_a_long_run() -> None:
+    fleet = Fleet(_config())
+    # A slower pod (a third of the others' rate) keeps fewer... but as many requests: it
+    # is judged by its own pace, not its peers'.
+    slow = {**SERVING, PODS[3]: 4.0 / 3}
+    fleet.run(600, BUSY, slow)
+    assert fleet.judged() == {}
+    assert fleet.made == []
+
+
+def test_a_pod_with_one_long_request_is_given_its_time() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    # One request in flight, nothing finished for 10 s: it owes 10 / 2 = 5 < 6.
+    fleet.run(10, {**BUSY, PODS[0]: 1}, {**SERVING, PODS[0]: 0.0})
+    assert fleet.judged() == {}
+
+
+def test_a_stalled_pod_comes_back_when_a_request_of_its_finishes() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    fleet.run(3, BUSY, {**SERVING, PODS[0]: 0.0})
+    assert fleet.judged() == {PODS[0]: "stalled"}
+    fleet.run(1, BUSY, SERVING)
+    assert fleet.judged() == {}
+    assert fleet.changes == 2
+
+
+def test_a_pod_failing_most_of_its_requests_is_judged_failing() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    fleet.run(2, BUSY, {**SERVING, PODS[1]: 0.0}, failed={PODS[1]: 8.0})
+    assert fleet.judged() == {PODS[1]: "failing"}
+    assert "failed" in str(fleet.verdicts.to_json()[0]["detail"])
+
+
+def test_a_few_failures_among_successes_are_not_a_verdict() -> None:
+    fleet = Fleet(_config())
+    fleet.run(30, BUSY, SERVING, failed={PODS[1]: 2.0})
+    assert fleet.judged() == {}
+
+
+def test_at_most_half_a_pool_is_judged_and_a_pool_of_one_never() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    fleet.run(5, BUSY, {**SERVING, PODS[0]: 0.0, PODS[1]: 0.0, PODS[2]: 0.0})
+    assert len(fleet.judged()) == 2
+    alone = Fleet(_config([PODS[0]]))
+    alone.run(20, {PODS[0]: 8}, {}, failed={PODS[0]: 8.0})
+    assert alone.judged() == {}
+
+
+def test_verdicts_can_be_turned_off() -> None:
+    fleet = Fleet(_config(enabled="false"))
+    fleet.run(10, BUSY, SERVING)
+    fleet.run(5, BUSY, {**SERVING, PODS[0]: 0.0})
+    assert fleet.judged() == {}
+
+
+def test_probes_are_due_after_a_verdict_back_off_and_lift_it() -> None:
+    fleet = Fleet(_config(probe_max_interval_s=4))
+    fleet.run(10, BUSY, SERVING)
+    while not fleet.judged():
+        fleet.run(INTERVAL_S, BUSY, {**SERVING, PODS[0]: 0.0}, failed={PODS[0]: 8.0})
+        assert fleet.clock.now < 200
+    verdicts = fleet.verdicts
+    assert verdicts.due_probes() == []
+    fleet.clock.now += PROBE_FIRST_S
+    assert verdicts.due_probes() == [(PODS[0], "m")]
+    # Being probed: not due again until it is told how the probe went.
+    assert verdicts.due_probes() == [] and verdicts.next_probe_at() is None
+    intervals = []
+    for _ in range(4):
+        verdicts.probed(PODS[0], "HTTP 500")
+        next_at = verdicts.next_probe_at()
+        assert next_at is not None
+        intervals.append(next_at - fleet.clock.now)
+        fleet.clock.now = next_at
+        assert verdicts.due_probes() == [(PODS[0], "m")]
+    assert intervals == [2.0, 4.0, 4.0, 4.0]
+    verdicts.probed(PODS[0], None)
+    assert fleet.judged() == {}
+    # Its failures are forgotten with the verdict: good requests keep it in rotation.
+    fleet.run(5, BUSY, SERVING)
+    assert fleet.judged() == {}
+
+
+def test_an_envoy_that_goes_away_no_longer_holds_requests_in_flight() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    fleet.verdicts.closed("envoy-1")
+    # Nothing reported in flight: nothing owed, however long.
+    fleet.clock.now += 60
+    fleet.verdicts.reported("envoy-2", {"p": _load({}, {}, fleet.clock.now)}, fleet.clock.now)
+    assert fleet.judged() == {}
+
+
+@pytest.mark.parametrize("outcome", [None, "HTTP 503"])
+async def test_run_probes_probes_a_judged_pod_and_reports_back(outcome: str | None) -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    fleet.run(3, BUSY, {**SERVING, PODS[0]: 0.0})
+    assert fleet.judged() == {PODS[0]: "stalled"}
+    due = fleet.verdicts.next_probe_at()
+    assert due is not None
+    fleet.clock.now = due
+    probed: list[tuple[str, int, str]] = []
+    done = asyncio.Event()
+
+    async def probe(host: str, port: int, model: str, *, timeout_s: float) -> str | None:
+        probed.append((host, port, model))
+        done.set()
+        return outcome
+
+    task = asyncio.create_task(
+        run_probes(fleet.verdicts, asyncio.Event(), clock=fleet.clock, probe=probe)
+    )
+    try:
+        await asyncio.wait_for(done.wait(), 10)
+        await asyncio.sleep(0)
+    finally:
+        task.cancel()
+    assert probed[0] == ("10.0.0.1", 8000, "m")
+    assert fleet.judged() == ({} if outcome is None else {PODS[0]: "stalled"})

@@ -1,0 +1,414 @@
+"""Pods judged by what the Envoys see of them: stalled or failing, whatever their metrics say.
+
+A pod can answer `/metrics` and `/health` while it serves nothing: an engine wedged after
+its first chunk, a server that resets every request, a frozen process whose page the last
+scrape still holds. Its metrics then look fine and the policy keeps it in rotation. The
+Envoys know better: their load reports (LRS, per endpoint, every report interval) count
+its requests in flight and those that finished or failed. This module reads that stream
+(xds/load_reports.py hands it every accepted report) and gives each pod a verdict.
+
+- **stalled**: the pod owes completions. Each report adds, for its requests in flight,
+  `in flight x interval / L`, where L is the time a request takes on the pool's other pods
+  (Little's law: their requests in flight over time, divided by their completions, over
+  the last DECAY_S): what it should have finished in that time if it served like its
+  peers. Any request it finishes clears the debt. Owing `stall_after_owed` completions
+  (config.VerdictsConfig) is the verdict: with completions about as random as a Poisson
+  stream, a pod serving at its peers' pace owes 6 with odds of e^-6 (0.25%) per gap,
+  and a falsely judged pod is back with its next completion. A pod with one long request
+  is given as long as its peers take for one (times the threshold); L is also at least
+  the pod's own recent time per request, so a slower GPU of a mixed pool is judged by
+  its own pace.
+- **failing**: of its requests finished over the last FAILURE_DECAY_S, at least
+  `min_failures` failed and they are `failure_ratio` of all (resets, connect failures,
+  5xx: Envoy counts each try, so a retried request counts on the pod that failed it).
+
+At most half a pool's pods are judged at once (as Envoy ejects at most half a pool): when
+more look stalled or failing, the fault is not theirs alone (a pace misjudged, a request
+every pod fails), and a pool of one is never judged.
+
+A verdict takes the pod out of rotation at the next decision (fleet_load.py hands the
+verdicts to the policy as load; policy/scoring.py). A stalled pod comes back when a request
+of its finishes (its stuck streams resume); any pod comes back when a probe succeeds: the
+server sends it a two-token streamed completion of its pool's first model and wants it
+finished within `probe_timeout_s` (sources/probe.py). Probes start PROBE_FIRST_S after the
+verdict and back off, doubling, to `probe_max_interval_s`.
+
+Verdicts are this replica's own: each replica hears only its own Envoys' reports. A pod
+that fails its requests is judged by every replica whose Envoys send it any.
+
+Mutable state, all on the event loop: per pod its requests in flight per Envoy, the decayed
+sums, its debt, verdict and probe schedule; per pool the decayed sums of its pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from xds_server.clock import Clock
+from xds_server.config import RoutingConfig
+from xds_server.policy.scoring import endpoint_id
+from xds_server.sources.probe import probe_completion
+from xds_server.xds.load_reports import ClusterLoad
+
+__all__ = ["PROBE_FIRST_S", "PodVerdicts", "Probe", "Verdict", "run_probes"]
+
+logger = logging.getLogger(__name__)
+
+Reason = Literal["stalled", "failing"]
+
+# The memory of a pool's pace (time per request) and of a pod's failures, in seconds.
+DECAY_S = 10.0
+FAILURE_DECAY_S = 2.0
+# Completions a pool's other pods must have finished (decayed) before L is trusted.
+MIN_PEER_COMPLETIONS = 3.0
+# The first probe of a judged pod, after its verdict.
+PROBE_FIRST_S = 1.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    reason: Reason
+    # Monotonic time of the verdict, and what it was made from (for /debug and logs).
+    since: float
+    detail: str
+
+
+class _Decayed:
+    """A sum whose terms fade with time constant `tau_s`."""
+
+    __slots__ = ("_at", "_tau_s", "_value")
+
+    def __init__(self, tau_s: float) -> None:
+        self._tau_s = tau_s
+        self._value = 0.0
+        self._at = 0.0
+
+    def value(self, now: float) -> float:
+        if now > self._at:
+            self._value *= math.exp((self._at - now) / self._tau_s)
+            self._at = now
+        return self._value
+
+    def add(self, amount: float, now: float) -> None:
+        self._value = self.value(now) + amount
+
+    def clear(self) -> None:
+        self._value = 0.0
+
+
+@dataclass
+class _Pod:
+    pool: str
+    model: str
+    in_flight: dict[str, int] = field(default_factory=dict)
+    busy: _Decayed = field(default_factory=lambda: _Decayed(DECAY_S))
+    done: _Decayed = field(default_factory=lambda: _Decayed(DECAY_S))
+    recent_ok: _Decayed = field(default_factory=lambda: _Decayed(FAILURE_DECAY_S))
+    recent_failed: _Decayed = field(default_factory=lambda: _Decayed(FAILURE_DECAY_S))
+    owed: float = 0.0
+    verdict: Verdict | None = None
+    next_probe_at: float = 0.0
+    probe_interval_s: float = PROBE_FIRST_S
+    probing: bool = False
+
+
+@dataclass
+class _Pool:
+    size: int = 0
+    busy: _Decayed = field(default_factory=lambda: _Decayed(DECAY_S))
+    done: _Decayed = field(default_factory=lambda: _Decayed(DECAY_S))
+
+
+class PodVerdicts:
+    """Every GPU-aware pool's pods, judged from the load reports (module docstring).
+
+    The LoadReports' observer (`reported`, `closed`). `config` gives the routing config in
+    force (pods are judged within their pool); `on_change` is called when a verdict is
+    made or lifted; `observe` with each verdict made ("stalled", "failing") for a metric.
+    """
+
+    def __init__(
+        self,
+        config: Callable[[], RoutingConfig | None],
+        *,
+        clock: Clock,
+        on_change: Callable[[], None] = lambda: None,
+        observe: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._on_change = on_change
+        self._observe = observe
+        self._pods: dict[str, _Pod] = {}
+        self._pools: dict[str, _Pool] = {}
+        self._configured: RoutingConfig | None = None
+        # Per Envoy, the pods it reported requests in flight on last.
+        self._reported: dict[str, set[str]] = {}
+        # Grows whenever a verdict is made or lifted.
+        self.revision = 0
+
+    def _sync(self) -> RoutingConfig | None:
+        """Follow the config in force: pods of GPU-aware pools, each in its first pool."""
+        config = self._config()
+        if config is self._configured:
+            return config
+        self._configured = config
+        wanted: dict[str, tuple[str, str]] = {}
+        if config is not None and config.verdicts.enabled:
+            for pool in config.pools:
+                if not pool.weights_from_metrics or not pool.models:
+                    continue
+                for endpoint in pool.endpoints:
+                    wanted.setdefault(endpoint_id(endpoint), (pool.name, pool.models[0]))
+        changed = False
+        for key in list(self._pods):
+            if wanted.get(key, ("", ""))[0] != self._pods[key].pool:
+                changed |= self._pods.pop(key).verdict is not None
+        for key, (pool_name, model) in wanted.items():
+            if key not in self._pods:
+                self._pods[key] = _Pod(pool=pool_name, model=model)
+            else:
+                self._pods[key].model = model
+        pools = {pool_name for pool_name, _ in wanted.values()}
+        self._pools = {name: self._pools.get(name) or _Pool() for name in pools}
+        for pool_state in self._pools.values():
+            pool_state.size = 0
+        for pool_name, _ in wanted.values():
+            self._pools[pool_name].size += 1
+        if changed:
+            self._changed()
+        return config
+
+    # -- the load reports' stream -----------------------------------------------------------
+
+    def reported(self, node_id: str, loads: Mapping[str, ClusterLoad], now: float) -> None:
+        """One Envoy's report: per pod, its requests in flight over the interval and those
+        finished in it, summed over the clusters (a pod is in several: lanes, bands)."""
+        config = self._sync()
+        if config is None or not self._pods:
+            return
+        settings = config.verdicts
+        # Per pod: in flight, in flight x seconds, succeeded, failed.
+        seen: dict[str, list[float]] = {}
+        for load in loads.values():
+            for key, count in load.by_endpoint.items():
+                figures = seen.setdefault(key, [0, 0.0, 0, 0])
+                figures[0] += count
+                figures[1] += count * load.interval_s
+            for key, (ok, failures) in load.finished_by_endpoint.items():
+                figures = seen.setdefault(key, [0, 0.0, 0, 0])
+                figures[2] += ok
+                figures[3] += failures
+        for key in self._reported.get(node_id, set()) - seen.keys():
+            pod = self._pods.get(key)
+            if pod is not None:
+                pod.in_flight.pop(node_id, None)
+        self._reported[node_id] = {key for key, figures in seen.items() if figures[0]}
+        changed = False
+        for key, (in_flight, busy, succeeded, failed) in seen.items():
+            pod = self._pods.get(key)
+            if pod is None:
+                continue
+            if in_flight:
+                pod.in_flight[node_id] = int(in_flight)
+            else:
+                pod.in_flight.pop(node_id, None)
+            pool = self._pools[pod.pool]
+            pool.busy.add(busy, now)
+            pool.done.add(succeeded, now)
+            pod.busy.add(busy, now)
+            pod.done.add(succeeded, now)
+            pod.recent_ok.add(succeeded, now)
+            pod.recent_failed.add(failed, now)
+            if succeeded:
+                pod.owed = 0.0
+                if pod.verdict is not None and pod.verdict.reason == "stalled":
+                    changed |= self._lift(key, pod, "a request of its finished")
+            elif busy:
+                pace = self._pace(pod, pool, now)
+                if pace is not None:
+                    pod.owed += busy / pace
+            if pod.verdict is None:
+                changed |= self._judge(key, pod, now, settings.stall_after_owed, config)
+        if changed:
+            self._changed()
+
+    def closed(self, node_id: str) -> None:
+        """An Envoy's load reports stopped: its requests in flight no longer count."""
+        for key in self._reported.pop(node_id, set()):
+            pod = self._pods.get(key)
+            if pod is not None:
+                pod.in_flight.pop(node_id, None)
+
+    def _pace(self, pod: _Pod, pool: _Pool, now: float) -> float | None:
+        """Seconds per request on the pool's other pods (at least the pod's own recent
+        pace), or None while they finished too few to tell."""
+        peers_done = pool.done.value(now) - pod.done.value(now)
+        if peers_done < MIN_PEER_COMPLETIONS:
+            return None
+        pace = (pool.busy.value(now) - pod.busy.value(now)) / peers_done
+        done = pod.done.value(now)
+        if done >= MIN_PEER_COMPLETIONS:
+            pace = max(pace, pod.busy.value(now) / done)
+        return pace if pace > 0 else None
+
+    def _judge(
+        self, key: str, pod: _Pod, now: float, stall_after_owed: float, config: RoutingConfig
+    ) -> bool:
+        settings = config.verdicts
+        judged = sum(1 for p in self._pods.values() if p.pool == pod.pool and p.verdict)
+        if judged + 1 > self._pools[pod.pool].size // 2:
+            return False
+        in_flight = sum(pod.in_flight.values())
+        if pod.owed >= stall_after_owed:
+            detail = (
+                f"owes {pod.owed:.1f} completions at its pool's pace, none finished,"
+                f" {in_flight} in flight"
+            )
+            return self._make(key, pod, "stalled", now, detail)
+        failed, ok = pod.recent_failed.value(now), pod.recent_ok.value(now)
+        if failed >= settings.min_failures and failed >= settings.failure_ratio * (failed + ok):
+            detail = f"{failed:.0f} of its last {failed + ok:.0f} requests failed"
+            return self._make(key, pod, "failing", now, detail)
+        return False
+
+    def _make(self, key: str, pod: _Pod, reason: Reason, now: float, detail: str) -> bool:
+        pod.verdict = Verdict(reason=reason, since=now, detail=detail)
+        pod.probe_interval_s = PROBE_FIRST_S
+        pod.next_probe_at = now + PROBE_FIRST_S
+        self._observe(reason)
+        logger.warning(
+            "Pod %s of pool %r is %s (%s): out of rotation until it serves again.",
+            key, pod.pool, reason, detail,
+        )  # fmt: skip
+        return True
+
+    def _lift(self, key: str, pod: _Pod, why: str) -> bool:
+        assert pod.verdict is not None
+        logger.warning(
+            "Pod %s of pool %r is back in rotation: %s (it was %s for %.1f s).",
+            key, pod.pool, why, pod.verdict.reason, self._clock() - pod.verdict.since,
+        )  # fmt: skip
+        pod.verdict = None
+        pod.owed = 0.0
+        pod.recent_failed.clear()
+        pod.recent_ok.clear()
+        return True
+
+    def _changed(self) -> None:
+        self.revision += 1
+        self._on_change()
+
+    # -- probes -----------------------------------------------------------------------------
+
+    def due_probes(self) -> list[tuple[str, str]]:
+        """The judged pods whose probe is due now, as (endpoint id, model); each is marked
+        as being probed until `probed` says how it went."""
+        self._sync()
+        now = self._clock()
+        due = []
+        for key, pod in self._pods.items():
+            if pod.verdict is not None and not pod.probing and pod.next_probe_at <= now:
+                pod.probing = True
+                due.append((key, pod.model))
+        return due
+
+    def probe_timeout_s(self) -> float:
+        config = self._configured
+        return config.verdicts.probe_timeout_s if config is not None else 5.0
+
+    def next_probe_at(self) -> float | None:
+        """When the next probe is due (None: no pod is judged)."""
+        times = [
+            p.next_probe_at for p in self._pods.values() if p.verdict is not None and not p.probing
+        ]
+        return min(times, default=None)
+
+    def probed(self, key: str, failure: str | None) -> None:
+        """The probe of pod `key` finished: `failure` says why it failed (None: it served)."""
+        pod = self._pods.get(key)
+        if pod is None:
+            return
+        pod.probing = False
+        if pod.verdict is None:
+            return
+        if failure is None:
+            self._lift(key, pod, "a probe completion was served")
+            self._changed()
+            return
+        config = self._configured
+        ceiling = config.verdicts.probe_max_interval_s if config is not None else PROBE_FIRST_S
+        pod.probe_interval_s = min(2 * pod.probe_interval_s, ceiling)
+        pod.next_probe_at = self._clock() + pod.probe_interval_s
+        logger.info(
+            "Probe of pod %s failed (%s); next in %.0f s.", key, failure, pod.probe_interval_s
+        )
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def of_pool(self, pool: str) -> dict[str, str]:
+        """The judged pods of `pool`: endpoint id -> reason."""
+        return {
+            key: pod.verdict.reason
+            for key, pod in sorted(self._pods.items())
+            if pod.pool == pool and pod.verdict is not None
+        }
+
+    def to_json(self) -> list[dict[str, object]]:
+        """For /debug: every judged pod, why and since when."""
+        now = self._clock()
+        return [
+            {
+                "pod": key,
+                "pool": pod.pool,
+                "verdict": pod.verdict.reason,
+                "detail": pod.verdict.detail,
+                "for_s": round(now - pod.verdict.since, 3),
+                "next_probe_in_s": None if pod.probing else round(pod.next_probe_at - now, 3),
+            }
+            for key, pod in sorted(self._pods.items())
+            if pod.verdict is not None
+        ]
+
+
+# host, port, model, timeout -> None when served, else why not (sources/probe.py).
+Probe = Callable[..., Awaitable[str | None]]
+
+
+async def run_probes(
+    verdicts: PodVerdicts, wake: asyncio.Event, *, clock: Clock, probe: Probe = probe_completion
+) -> None:
+    """Probe each judged pod when its probe is due, for as long as the server runs; `wake`
+    is set when a verdict is made (a probe may then be due sooner). Idle while no pod is
+    judged: it waits on `wake` alone."""
+    running: set[asyncio.Task[None]] = set()
+
+    async def one(key: str, model: str) -> None:
+        host, _, port = key.rpartition(":")
+        try:
+            failure = await probe(host, int(port), model, timeout_s=verdicts.probe_timeout_s())
+        except Exception as error:  # a probe must never stop the others
+            failure = f"{type(error).__name__}: {error}"
+        verdicts.probed(key, failure)
+        wake.set()
+
+    try:
+        while True:
+            wake.clear()
+            for key, model in verdicts.due_probes():
+                task = asyncio.create_task(one(key, model), name=f"probe {key}")
+                running.add(task)
+                task.add_done_callback(running.discard)
+            next_at = verdicts.next_probe_at()
+            wait = None if next_at is None else max(0.05, next_at - clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), wait)
+    finally:
+        for task in running:
+            task.cancel()
