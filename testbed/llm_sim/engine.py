@@ -27,12 +27,18 @@ One whitespace word is one token and tokens are the words themselves, so prompts
 blocks exactly and no tokenizer is needed; output words are drawn from a small vocabulary
 with a seeded RNG.
 
-Pure: no asyncio, no I/O, no clock. The caller passes the time into `step` and sleeps for
-`StepOutcome.duration` itself (`pod.py`). State changes only inside `add`, `abort` and
-`step`; `state()` is a frozen copy, exact, for the oracle router and for `/metrics`.
+A wedged server (`stall`, for the pod's gray-failure faults) keeps its stuck requests: a
+request that has produced its quota of output tokens is no longer scheduled but keeps its
+place, its KV blocks and its seat in the batch, so `/metrics` shows it running (or waiting,
+if it stalls before its first token or is preempted), as a server whose generation hangs
+would. Neither does it finish: the quota stops it short of its last token.
 
-Mutable state: `_waiting`, `_running`, `_requests`, `_pool`, `_loaded`, the counters, the
-histograms in `histograms`, `_lora_info` and `_rng`.
+Pure: no asyncio, no I/O, no clock. The caller passes the time into `step` and sleeps for
+`StepOutcome.duration` itself (`pod.py`). State changes only inside `add`, `abort`, `stall`
+and `step`; `state()` is a frozen copy, exact, for the oracle router and for `/metrics`.
+
+Mutable state: `_waiting`, `_running`, `_requests`, `_pool`, `_loaded`, `_stall_after`, the
+counters, the histograms in `histograms`, `_lora_info` and `_rng`.
 """
 
 from __future__ import annotations
@@ -271,6 +277,7 @@ class Engine:
         self._running: list[_Seq] = []
         self._requests: dict[str, _Seq] = {}
         self._loaded: OrderedDict[str, None] = OrderedDict()
+        self._stall_after: int | None = None
         self._adapter_loads = self._adapter_requests = self._adapter_hits = 0
         self._now = -math.inf
         self._steps = 0
@@ -332,9 +339,23 @@ class Engine:
         self._finished[FinishReason.ABORT] += 1
         return True
 
+    def stall(self, after_tokens: int | None) -> None:
+        """Wedge the engine: from now on a request that has `after_tokens` output tokens, or
+        all but its last, is not scheduled (it stays where it is, with its KV blocks), so no
+        request finishes. None lifts the stall: the stuck requests go on where they stopped."""
+        if after_tokens is not None and after_tokens < 0:
+            raise ValueError(f"after_tokens must not be negative, not {after_tokens}.")
+        self._stall_after = after_tokens
+
+    def _stalled(self, seq: _Seq) -> bool:
+        cap = self._stall_after
+        return cap is not None and seq.num_output >= min(cap, seq.request.max_tokens - 1)
+
     def has_work(self) -> bool:
-        """Whether any request is waiting or running."""
-        return bool(self._requests)
+        """Whether any request is waiting or running, other than stalled ones."""
+        if self._stall_after is None:
+            return bool(self._requests)
+        return not all(self._stalled(seq) for seq in self._requests.values())
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._requests
@@ -425,6 +446,9 @@ class Engine:
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
+            if self._stalled(seq):
+                i += 1
+                continue
             n = min(seq.num_tokens - seq.num_computed, budget)
             ok = self._allocate(seq, seq.num_computed + n)
             while not ok:
@@ -448,6 +472,9 @@ class Engine:
         bs = profile.block_size
         while waiting and budget > 0 and len(running) < profile.max_num_seqs:
             seq = waiting[0]
+            if self._stalled(seq):
+                skipped.append(waiting.popleft())
+                continue
             if seq.request.arrival > now:
                 break
             adapter = seq.request.adapter

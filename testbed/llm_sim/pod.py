@@ -26,15 +26,26 @@ behind the socket is `engine.Engine`, stepped by one asyncio task per pod:
   the connections of the requests that have no first token yet. Like vLLM (Starlette sends
   a streaming response's headers before its first chunk), a streamed response's headers are
   already out when its prefill starts.
+- Gray failures, pods that look healthy but do not serve: `/health`, `/v1/models` and
+  `/metrics` answer as usual while completions do not. `wedge(after_chunks=N)` is a hung
+  generation: every request, running or new, stops after the tokens of its first N SSE
+  chunks (a non-streamed one never answers), and stays in the engine, running, with its KV
+  blocks (`Engine.stall`); `unwedge()` lets the stuck requests go on. `reset_requests(True)`
+  resets (RST) the connection of every new completion before any response byte.
+  `freeze()` is SIGSTOP: the port still accepts (the kernel does that), but nothing is
+  answered or written and the engine does not step until `thaw()`; the frozen time is
+  lost, not caught up in a burst, and a step in progress at the freeze delivers its tokens
+  at the thaw (the GPU is not stopped, only the process). `revive()` clears them all.
 
 `handle_completion` is the one path from a parsed request to a response; the pod's own
 handlers use it, and so does the oracle router, which calls it in-process for the pod it
 picked (no second HTTP hop). `state_snapshot()` is the exact state.
 
 Mutable state: `state`, `_streams` (request id -> delivery), `_failure` (why the step loop
-died, if it did: the pod then answers 503), the lag counters, `_http`,
-the engine (changed only by `add`/`abort` in handlers and `step` in the loop, all on the
-event loop's thread; replaced by `revive`) and the aiohttp runner.
+died, if it did: the pod then answers 503), the lag counters, `_http`, the fault switches
+`_resetting` and `_thawed` (set when not frozen), the engine (changed only by `add`/`abort`
+in handlers, `stall` in `wedge`/`unwedge` and `step` in the loop, all on the event loop's
+thread; replaced by `revive`) and the aiohttp runner.
 """
 
 from __future__ import annotations
@@ -45,6 +56,8 @@ import itertools
 import json
 import logging
 import math
+import socket
+import struct
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -111,8 +124,8 @@ class PodSnapshot:
 
     `lag_s_total` and `lag_s_max` measure how late step ends were delivered behind their
     deadlines (caught up afterwards); `lag_s_dropped` is time lost to re-anchoring after a
-    stall longer than `max_catch_up_s` (capacity really lost). `in_flight` counts HTTP
-    completions being served.
+    stall longer than `max_catch_up_s` (capacity really lost). A `freeze()` is no lag: its
+    time counts in none of these. `in_flight` counts HTTP completions being served.
     """
 
     name: str
@@ -227,6 +240,9 @@ class SimulatedPod:
         self._work = asyncio.Event()
         self._streams: dict[str, _Delivery] = {}
         self._failure: BaseException | None = None
+        self._resetting = False
+        self._thawed = asyncio.Event()
+        self._thawed.set()
         self._ids = itertools.count(1)
         self._http = HttpStats()
         self._steps = 0
@@ -332,7 +348,8 @@ class SimulatedPod:
 
     async def revive(self) -> None:
         """Serve again on the same port after `kill()`, with a fresh engine (empty KV and
-        prefix caches, no adapters loaded) and `/metrics` counters from zero."""
+        prefix caches, no adapters loaded), `/metrics` counters from zero and no gray
+        failure (a restarted process is neither wedged nor frozen)."""
         if self.state is not PodState.KILLED:
             raise RuntimeError(
                 f"Cannot revive simulated pod {self.name}: it is {self.state.value}, not killed."
@@ -340,6 +357,8 @@ class SimulatedPod:
         self._engine = Engine(self.profile, seed=self._seed)
         self._work = asyncio.Event()
         self._failure = None
+        self._resetting = False
+        self._thawed.set()
         self._http = HttpStats()
         self._created = int(time.time())
         await self._serve(self.port)
@@ -358,6 +377,45 @@ class SimulatedPod:
             "Simulated pod %s reset %d connections before their first token.", self.name, cut
         )
         return cut
+
+    def wedge(self, after_chunks: int) -> None:
+        """Hang generation: from now on no request goes past the tokens of its first
+        `after_chunks` SSE chunks (its first token, then `stream_interval` tokens a chunk),
+        nor finishes, so a non-streamed one never answers. A request already past that
+        stops at once. The stuck requests stay in the engine (running, KV held) until
+        `unwedge()`."""
+        if after_chunks < 0:
+            raise ValueError(f"after_chunks must not be negative, not {after_chunks}.")
+        tokens = 0 if after_chunks == 0 else 1 + (after_chunks - 1) * self.stream_interval
+        self._engine.stall(tokens)
+        logger.info("Simulated pod %s wedged after %d chunks.", self.name, after_chunks)
+
+    def unwedge(self) -> None:
+        """Serve normally again; the stuck requests go on from where they stopped."""
+        self._engine.stall(None)
+        self._work.set()
+        logger.info("Simulated pod %s unwedged.", self.name)
+
+    def reset_requests(self, enabled: bool) -> None:
+        """While `enabled`, reset (RST) the connection of every new completion request
+        before any response byte; requests already in flight are not touched."""
+        self._resetting = enabled
+        logger.info(
+            "Simulated pod %s %s completion requests.",
+            self.name,
+            "resets" if enabled else "no longer resets",
+        )
+
+    def freeze(self) -> None:
+        """Stop as SIGSTOP does: until `thaw()`, no request of any kind is answered, no
+        chunk is written and the engine does not step."""
+        self._thawed.clear()
+        logger.info("Simulated pod %s frozen.", self.name)
+
+    def thaw(self) -> None:
+        """Go on from where `freeze()` stopped, the frozen time lost."""
+        self._thawed.set()
+        logger.info("Simulated pod %s thawed.", self.name)
 
     async def _stop(self) -> None:
         if self.state is PodState.CLOSED:
@@ -425,6 +483,9 @@ class SimulatedPod:
                 self._work.clear()
                 await self._work.wait()
                 next_start = None
+            if not self._thawed.is_set():
+                await self._thawed.wait()
+                next_start = None  # a stopped process loses the frozen time
             now = loop.time()
             if next_start is None:
                 start = now
@@ -438,10 +499,16 @@ class SimulatedPod:
             engine_time = outcome.end
             if outcome.idle:
                 # Only requests that arrived after `start` (we were catching up): start the
-                # next step from the present.
+                # next step from the present. Idle from the present too: every request left
+                # is stalled (`wedge`) or finds no seat or KV blocks beside the stalled
+                # ones; wait for a request to come or go, or for the stall to be lifted.
                 next_start = None
                 idle_with_work += 1
-                await asyncio.sleep(0 if idle_with_work < 2 else 0.001)
+                if idle_with_work < 2:
+                    await asyncio.sleep(0)
+                else:
+                    self._work.clear()
+                    await self._work.wait()
                 continue
             idle_with_work = 0
             self._steps += 1
@@ -450,6 +517,11 @@ class SimulatedPod:
                 await _sleep_until(loop, deadline)
             else:
                 await asyncio.sleep(0)  # behind: no sleep, but let the handlers write
+            if not self._thawed.is_set():
+                # Frozen mid-step: the step's tokens are out at the thaw, the next step
+                # starts then.
+                await self._thawed.wait()
+                deadline = loop.time()
             lag = loop.time() - deadline
             if lag > 0:
                 self._lag_total += lag
@@ -489,6 +561,12 @@ class SimulatedPod:
             http_request.transport.abort()
             raise ConnectionResetError(f"Simulated pod {self.name} is killed.")
         self._require_open()
+        if self._resetting and http_request.transport is not None:
+            # SO_LINGER 0: the abort sends RST rather than FIN, as a crashing server's does.
+            sock = http_request.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            http_request.transport.abort()
+            raise ConnectionResetError(f"Simulated pod {self.name} resets every completion.")
         if self._failure is not None:
             return error_response(
                 503,
@@ -556,6 +634,7 @@ class SimulatedPod:
         finally:
             del self._streams[request_id]
             if not delivery.finished and engine.abort(request_id):
+                self._work.set()  # its seat and KV blocks may let a waiting request in
                 logger.debug("Pod %s aborted %s: the client went away.", self.name, request_id)
 
     async def _stream(
@@ -573,12 +652,14 @@ class SimulatedPod:
                 BACKEND_ID_HEADER: self.name,
             }
         )
+        await self._thawed.wait()  # frozen since the request came in: not even headers
         await response.prepare(http_request)
         created = int(time.time())
         first = True
         try:
             while True:
                 await delivery.wake.wait()
+                await self._thawed.wait()
                 tokens = delivery.take()
                 done = delivery.finished
                 if delivery.broken and not done:
@@ -624,8 +705,15 @@ class SimulatedPod:
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
+        await self._thawed.wait()
         started = time.perf_counter()
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except ConnectionResetError:
+            # The handler cut its own connection (a fault): nothing goes out, nothing is
+            # counted, and aiohttp has no error to log.
+            return web.Response()
+        await self._thawed.wait()  # frozen while it was being served: nothing goes out
         resource = request.match_info.route.resource
         self._http.observe(
             handler=resource.canonical if resource is not None else request.path,

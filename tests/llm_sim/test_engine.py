@@ -302,3 +302,22 @@ def test_histograms_follow_each_request() -> None:
     again = Engine(SMALL, seed=1)
     again.add(request("a", 10, 4))
     assert [o.tokens for o in run(again)[0]] == [o.tokens for o in outcomes]
+
+
+def test_a_stall_keeps_requests_in_place_unfinished_until_lifted() -> None:
+    engine = Engine(SMALL)
+    engine.stall(2)
+    engine.add(request("a", 20, 10))
+    engine.add(request("b", 20, 2))  # two tokens: a stall stops it short of its last
+    engine.add(request("c", 20, 1))  # a single token: it never gets a seat
+    outcomes, now = run(engine)
+    assert sum(o.tokens.get("a") is not None for o in outcomes) == 2
+    assert sum(o.tokens.get("b") is not None for o in outcomes) == 1
+    assert all("c" not in o.tokens and not o.finished for o in outcomes)
+    state = engine.state()
+    assert (state.num_running, state.num_waiting) == (2, 1)
+    assert state.running_remaining_tokens == (1, 8) and state.kv_blocks_used > 0
+    engine.stall(None)
+    outcomes, _ = run(engine, now)
+    assert sorted(r for o in outcomes for r in o.finished) == ["a", "b", "c"]
+    assert engine.state().finished[FinishReason.LENGTH] == 3
