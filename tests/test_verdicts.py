@@ -37,10 +37,12 @@ class Clock:
 def _load(
     in_flight: Mapping[str, int], finished: Mapping[str, tuple[int, int]], now: float
 ) -> ClusterLoad:
+    """A report of requests in flight, and of those finished (ok, failed) in its interval:
+    with the pod's requests in flight unchanged, it issued as many as finished."""
     return ClusterLoad(
         in_progress=sum(in_flight.values()),
         by_endpoint={k: v for k, v in in_flight.items() if v},
-        finished_by_endpoint=dict(finished),
+        issued_by_endpoint={k: (ok + bad, bad) for k, (ok, bad) in finished.items()},
         rates=Rates(),
         interval_s=INTERVAL_S,
         reported_at=now,
@@ -88,9 +90,9 @@ class Fleet:
         return self.verdicts.of_pool("p")
 
 
-# Four pods with 8 requests in flight each, finishing 4 per second: 2 s per request.
+# Four pods with 8 requests in flight each, finishing 16 per second: 0.5 s per request.
 BUSY = dict.fromkeys(PODS, 8)
-SERVING = dict.fromkeys(PODS, 4.0)
+SERVING = dict.fromkeys(PODS, 16.0)
 
 
 def test_a_pod_whose_requests_stop_finishing_is_judged_stalled_within_two_seconds() -> None:
@@ -103,8 +105,9 @@ def test_a_pod_whose_requests_stop_finishing_is_judged_stalled_within_two_second
         fleet.run(INTERVAL_S, BUSY, wedged)
         elapsed += INTERVAL_S
     assert fleet.judged() == {PODS[0]: "stalled"}
-    # 8 in flight at 2 s per request owe 4 completions a second: 6 in 1.5 s.
-    assert elapsed <= 2.0
+    # 8 in flight at 0.5 s per request owe 16 completions a second: 6 in 0.4 s; and
+    # nothing finished for two requests' time: 1 s.
+    assert 1.0 <= elapsed <= 1.5
     assert fleet.made == ["stalled"] and fleet.changes == 1
     detail = fleet.verdicts.to_json()[0]
     assert detail["pod"] == PODS[0] and "owes" in str(detail["detail"])
@@ -114,7 +117,7 @@ def test_pods_serving_at_their_pace_are_not_judged_over_a_long_run() -> None:
     fleet = Fleet(_config())
     # A slower pod (a third of the others' rate) keeps fewer... but as many requests: it
     # is judged by its own pace, not its peers'.
-    slow = {**SERVING, PODS[3]: 4.0 / 3}
+    slow = {**SERVING, PODS[3]: 16.0 / 3}
     fleet.run(600, BUSY, slow)
     assert fleet.judged() == {}
     assert fleet.made == []
@@ -123,17 +126,31 @@ def test_pods_serving_at_their_pace_are_not_judged_over_a_long_run() -> None:
 def test_a_pod_with_one_long_request_is_given_its_time() -> None:
     fleet = Fleet(_config())
     fleet.run(10, BUSY, SERVING)
-    # One request in flight, nothing finished for 10 s: it owes 10 / 2 = 5 < 6.
-    fleet.run(10, {**BUSY, PODS[0]: 1}, {**SERVING, PODS[0]: 0.0})
+    # Two requests in flight, nothing finished for 10 s: it owes 40, but two requests
+    # are no stall (one long generation is not a wedged pod).
+    fleet.run(10, {**BUSY, PODS[0]: 2}, {**SERVING, PODS[0]: 0.0})
     assert fleet.judged() == {}
 
 
-def test_a_stalled_pod_comes_back_when_a_request_of_its_finishes() -> None:
+def test_requests_finishing_in_cohorts_a_pace_apart_are_no_stall() -> None:
+    fleet = Fleet(_config())
+    # Each pod finishes its 8 requests together every 0.5 s (one size, started together):
+    # it owes 8 between cohorts, but is never quiet for two requests' time.
+    for _ in range(200):
+        fleet.run(0.25, BUSY, {})
+        fleet.run(0.25, BUSY, dict.fromkeys(PODS, 64.0))
+    assert fleet.judged() == {}
+
+
+def test_a_stalled_pod_stays_out_until_a_probe_says_it_serves() -> None:
     fleet = Fleet(_config())
     fleet.run(10, BUSY, SERVING)
     fleet.run(3, BUSY, {**SERVING, PODS[0]: 0.0})
     assert fleet.judged() == {PODS[0]: "stalled"}
-    fleet.run(1, BUSY, SERVING)
+    # Its requests leave (clients giving up look the same as completions): no evidence.
+    fleet.run(3, BUSY, SERVING)
+    assert fleet.judged() == {PODS[0]: "stalled"}
+    fleet.verdicts.probed(PODS[0], None)
     assert fleet.judged() == {}
     assert fleet.changes == 2
 
@@ -141,7 +158,8 @@ def test_a_stalled_pod_comes_back_when_a_request_of_its_finishes() -> None:
 def test_a_pod_failing_most_of_its_requests_is_judged_failing() -> None:
     fleet = Fleet(_config())
     fleet.run(10, BUSY, SERVING)
-    fleet.run(2, BUSY, {**SERVING, PODS[1]: 0.0}, failed={PODS[1]: 8.0})
+    # It resets what it gets at once: nothing in flight, nothing finished, all failed.
+    fleet.run(2, {**BUSY, PODS[1]: 0}, {**SERVING, PODS[1]: 0.0}, failed={PODS[1]: 8.0})
     assert fleet.judged() == {PODS[1]: "failing"}
     assert "failed" in str(fleet.verdicts.to_json()[0]["detail"])
 
@@ -173,7 +191,7 @@ def test_probes_are_due_after_a_verdict_back_off_and_lift_it() -> None:
     fleet = Fleet(_config(probe_max_interval_s=4))
     fleet.run(10, BUSY, SERVING)
     while not fleet.judged():
-        fleet.run(INTERVAL_S, BUSY, {**SERVING, PODS[0]: 0.0}, failed={PODS[0]: 8.0})
+        fleet.run(INTERVAL_S, {**BUSY, PODS[0]: 0}, {**SERVING, PODS[0]: 0.0}, {PODS[0]: 8.0})
         assert fleet.clock.now < 200
     verdicts = fleet.verdicts
     assert verdicts.due_probes() == []

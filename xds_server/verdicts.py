@@ -7,17 +7,26 @@ Envoys know better: their load reports (LRS, per endpoint, every report interval
 its requests in flight and those that finished or failed. This module reads that stream
 (xds/load_reports.py hands it every accepted report) and gives each pod a verdict.
 
+A request's completion is not in the reports as such: Envoy counts a request successful at
+its response headers, and a model server sends those before its first token, so a stream
+that never ends counts as a success. What finished in an interval is told from the
+requests in flight: those the Envoy had on the pod before, plus those it issued, less
+those still in flight; less the failures, it is what completed.
+
 - **stalled**: the pod owes completions. Each report adds, for its requests in flight,
   `in flight x interval / L`, where L is the time a request takes on the pool's other pods
   (Little's law: their requests in flight over time, divided by their completions, over
   the last DECAY_S): what it should have finished in that time if it served like its
   peers. Any request it finishes clears the debt. Owing `stall_after_owed` completions
-  (config.VerdictsConfig) is the verdict: with completions about as random as a Poisson
-  stream, a pod serving at its peers' pace owes 6 with odds of e^-6 (0.25%) per gap,
-  and a falsely judged pod is back with its next completion. A pod with one long request
-  is given as long as its peers take for one (times the threshold); L is also at least
-  the pod's own recent time per request, so a slower GPU of a mixed pool is judged by
-  its own pace.
+  (config.VerdictsConfig), and having finished nothing for QUIET_PACES times L, is the
+  verdict. Debt alone would do if completions were as random as a Poisson stream (a pod
+  at its peers' pace owes 6 with odds of e^-6 per gap), but requests of one size started
+  together finish together, a request's time apart (seen with 32 clients of identical
+  requests: healthy pods owed 6 to 10 between cohorts), hence the second bound. A pod
+  with one long request is given as long as its peers take for one (times the
+  threshold); L is also at least the pod's own recent time per request, so a slower GPU
+  of a mixed pool is judged by its own pace, and a pod with fewer than
+  MIN_STALLED_IN_FLIGHT requests in flight is never judged stalled.
 - **failing**: of its requests finished over the last FAILURE_DECAY_S, at least
   `min_failures` failed and they are `failure_ratio` of all (resets, connect failures,
   5xx: Envoy counts each try, so a retried request counts on the pod that failed it).
@@ -27,8 +36,9 @@ more look stalled or failing, the fault is not theirs alone (a pace misjudged, a
 every pod fails), and a pool of one is never judged.
 
 A verdict takes the pod out of rotation at the next decision (fleet_load.py hands the
-verdicts to the policy as load; policy/scoring.py). A stalled pod comes back when a request
-of its finishes (its stuck streams resume); any pod comes back when a probe succeeds: the
+verdicts to the policy as load; policy/scoring.py). It comes back when a probe succeeds
+(a request leaving its count in flight is no evidence: a client that gave up on a stuck
+stream leaves it too): the
 server sends it a two-token streamed completion of its pool's first model and wants it
 finished within `probe_timeout_s` (sources/probe.py). Probes start PROBE_FIRST_S after the
 verdict and back off, doubling, to `probe_max_interval_s`.
@@ -64,9 +74,15 @@ Reason = Literal["stalled", "failing"]
 
 # The memory of a pool's pace (time per request) and of a pod's failures, in seconds.
 DECAY_S = 10.0
-FAILURE_DECAY_S = 2.0
+FAILURE_DECAY_S = 1.0
 # Completions a pool's other pods must have finished (decayed) before L is trusted.
 MIN_PEER_COMPLETIONS = 3.0
+# A stalled pod has also finished nothing for this many times its pool's time per
+# request: requests of one size finish in cohorts, a request's time apart.
+QUIET_PACES = 2.0
+# Fewer requests in flight than this are never a stall: one long generation among short
+# ones keeps a pod quiet for many times its pool's pace.
+MIN_STALLED_IN_FLIGHT = 3
 # The first probe of a judged pod, after its verdict.
 PROBE_FIRST_S = 1.0
 
@@ -112,6 +128,10 @@ class _Pod:
     recent_ok: _Decayed = field(default_factory=lambda: _Decayed(FAILURE_DECAY_S))
     recent_failed: _Decayed = field(default_factory=lambda: _Decayed(FAILURE_DECAY_S))
     owed: float = 0.0
+    # Since when it has had requests in flight and finished none.
+    quiet_since: float = 0.0
+    # Its own time per request as of its last completion (None: too few to tell).
+    own_pace: float | None = None
     verdict: Verdict | None = None
     next_probe_at: float = 0.0
     probe_interval_s: float = PROBE_FIRST_S
@@ -193,28 +213,31 @@ class PodVerdicts:
         config = self._sync()
         if config is None or not self._pods:
             return
-        settings = config.verdicts
-        # Per pod: in flight, in flight x seconds, succeeded, failed.
+        # Per pod: in flight, in flight x seconds, issued, failed.
         seen: dict[str, list[float]] = {}
         for load in loads.values():
             for key, count in load.by_endpoint.items():
                 figures = seen.setdefault(key, [0, 0.0, 0, 0])
                 figures[0] += count
                 figures[1] += count * load.interval_s
-            for key, (ok, failures) in load.finished_by_endpoint.items():
+            for key, (sent, failures) in load.issued_by_endpoint.items():
                 figures = seen.setdefault(key, [0, 0.0, 0, 0])
-                figures[2] += ok
+                figures[2] += sent
                 figures[3] += failures
+        # A pod this Envoy had requests on and reports nothing of now finished them all.
         for key in self._reported.get(node_id, set()) - seen.keys():
-            pod = self._pods.get(key)
-            if pod is not None:
-                pod.in_flight.pop(node_id, None)
+            seen[key] = [0, 0.0, 0, 0]
         self._reported[node_id] = {key for key, figures in seen.items() if figures[0]}
         changed = False
-        for key, (in_flight, busy, succeeded, failed) in seen.items():
+        for key, (in_flight, busy, issued, failed) in seen.items():
             pod = self._pods.get(key)
             if pod is None:
                 continue
+            # Finished in the interval: issued, and in flight before, less still in flight.
+            before = pod.in_flight.get(node_id, 0)
+            succeeded = max(0.0, issued + before - in_flight - failed)
+            if not pod.in_flight:
+                pod.quiet_since = now
             if in_flight:
                 pod.in_flight[node_id] = int(in_flight)
             else:
@@ -226,16 +249,16 @@ class PodVerdicts:
             pod.done.add(succeeded, now)
             pod.recent_ok.add(succeeded, now)
             pod.recent_failed.add(failed, now)
+            pace = self._pace(pod, pool, now)
             if succeeded:
                 pod.owed = 0.0
-                if pod.verdict is not None and pod.verdict.reason == "stalled":
-                    changed |= self._lift(key, pod, "a request of its finished")
-            elif busy:
-                pace = self._pace(pod, pool, now)
-                if pace is not None:
-                    pod.owed += busy / pace
+                pod.quiet_since = now
+                done = pod.done.value(now)
+                pod.own_pace = pod.busy.value(now) / done if done >= MIN_PEER_COMPLETIONS else None
+            elif busy and pace is not None:
+                pod.owed += busy / pace
             if pod.verdict is None:
-                changed |= self._judge(key, pod, now, settings.stall_after_owed, config)
+                changed |= self._judge(key, pod, now, pace, config)
         if changed:
             self._changed()
 
@@ -247,29 +270,35 @@ class PodVerdicts:
                 pod.in_flight.pop(node_id, None)
 
     def _pace(self, pod: _Pod, pool: _Pool, now: float) -> float | None:
-        """Seconds per request on the pool's other pods (at least the pod's own recent
-        pace), or None while they finished too few to tell."""
+        """Seconds per request on the pool's other pods (at least the pod's own, as of its
+        last completion: since then a stalled pod's own would only grow), or None while
+        they finished too few to tell."""
         peers_done = pool.done.value(now) - pod.done.value(now)
         if peers_done < MIN_PEER_COMPLETIONS:
             return None
         pace = (pool.busy.value(now) - pod.busy.value(now)) / peers_done
-        done = pod.done.value(now)
-        if done >= MIN_PEER_COMPLETIONS:
-            pace = max(pace, pod.busy.value(now) / done)
+        if pod.own_pace is not None:
+            pace = max(pace, pod.own_pace)
         return pace if pace > 0 else None
 
     def _judge(
-        self, key: str, pod: _Pod, now: float, stall_after_owed: float, config: RoutingConfig
+        self, key: str, pod: _Pod, now: float, pace: float | None, config: RoutingConfig
     ) -> bool:
         settings = config.verdicts
         judged = sum(1 for p in self._pods.values() if p.pool == pod.pool and p.verdict)
         if judged + 1 > self._pools[pod.pool].size // 2:
             return False
         in_flight = sum(pod.in_flight.values())
-        if pod.owed >= stall_after_owed:
+        quiet_s = now - pod.quiet_since
+        if (
+            pace is not None
+            and in_flight >= MIN_STALLED_IN_FLIGHT
+            and pod.owed >= settings.stall_after_owed
+            and quiet_s >= QUIET_PACES * pace
+        ):
             detail = (
-                f"owes {pod.owed:.1f} completions at its pool's pace, none finished,"
-                f" {in_flight} in flight"
+                f"owes {pod.owed:.1f} completions at its pool's pace ({pace:.2f} s a request),"
+                f" none finished for {quiet_s:.1f} s, {in_flight} in flight"
             )
             return self._make(key, pod, "stalled", now, detail)
         failed, ok = pod.recent_failed.value(now), pod.recent_ok.value(now)
@@ -297,6 +326,7 @@ class PodVerdicts:
         )  # fmt: skip
         pod.verdict = None
         pod.owed = 0.0
+        pod.quiet_since = self._clock()
         pod.recent_failed.clear()
         pod.recent_ok.clear()
         return True

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from xds_server.config import FlowControlConfig
-from xds_server.policy.admission import UNLIMITED, BandLoad, PodCapacity, admit, pod_capacity
+from xds_server.policy.admission import (
+    UNLIMITED,
+    BandLoad,
+    PodCapacity,
+    PodsHeld,
+    admit,
+    plausible_load,
+    pod_capacity,
+)
 from xds_server.policy.shares import EnvoyDemand
 
 SETTINGS = FlowControlConfig(
@@ -156,3 +164,73 @@ def test_an_envoys_part_is_split_over_the_bands_lanes() -> None:
     assert parts["long"] >= 1 and parts["pool"] >= 6 and parts["session"] >= 2
     # An Envoy not named yet: the floor in every lane.
     assert admission.lane_limit(None, "standard", "session") == SETTINGS.envoy_floor
+
+
+def _fleet(critical: dict[str, int], standard: dict[str, int]) -> BandLoad:
+    """Envoys' reports: each its Critical and Standard requests in flight (arriving at
+    one per second per request)."""
+    by_envoy = {
+        node: {
+            "critical": EnvoyDemand(in_flight=critical[node], arrivals_per_s=critical[node]),
+            "standard": EnvoyDemand(in_flight=standard[node], arrivals_per_s=standard[node]),
+        }
+        for node in critical
+    }
+    return BandLoad(
+        in_flight={
+            "critical": sum(critical.values()),
+            "standard": sum(standard.values()),
+            "sheddable": 0,
+        },
+        completions_per_s=10.0,
+        by_envoy=by_envoy,
+    )
+
+
+def test_one_envoys_inflated_report_leaves_every_other_envoys_limits_unchanged() -> None:
+    pods = [PodCapacity(hardware="h100", running=10, waiting=0) for _ in range(4)]
+    held = PodsHeld(requests=40, pods=4)  # capacity 128; the pods run 40
+    honest = {"a": 6, "b": 6, "c": 8, "liar": 0}
+    standard = {"a": 5, "b": 5, "c": 10, "liar": 0}
+    truth = admit(pods, load=_fleet(honest, standard), settings=SETTINGS, held=held)
+    lie = admit(
+        pods, load=_fleet({**honest, "liar": 1000}, standard), settings=SETTINGS, held=held
+    )
+    assert truth.clipped == {}
+    assert lie.clipped == {"liar": 1000}
+    assert lie.budget == truth.budget
+    assert lie.in_flight == truth.in_flight
+    for node in ("a", "b", "c"):
+        assert lie.limits_of(node) == truth.limits_of(node)
+    # Without the check the lie would have taken the Standard budget to nothing.
+    unchecked = admit(pods, load=_fleet({**honest, "liar": 1000}, standard), settings=SETTINGS)
+    assert unchecked.budget["standard"] == 0 < truth.budget["standard"]
+
+
+def test_a_liar_keeps_what_the_pods_hold_beyond_the_others_and_its_bands_scale_alike() -> None:
+    held = PodsHeld(requests=50, pods=4)
+    load = _fleet({"a": 10, "liar": 200}, {"a": 20, "liar": 200})
+    believed, clipped = plausible_load(load, held)
+    # The pods hold 50; the others say 30: the liar is believed for 20, half each band.
+    assert clipped == {"liar": 380}
+    liar = believed.by_envoy["liar"]
+    assert (liar["critical"].in_flight, liar["standard"].in_flight) == (10, 10)
+    assert liar["standard"].arrivals_per_s == 200 * 20 / 400
+    assert believed.in_flight == {"critical": 20, "standard": 30, "sheddable": 0}
+    assert believed.by_envoy["a"] is load.by_envoy["a"]
+
+
+def test_reports_a_little_ahead_of_the_pods_metrics_are_believed() -> None:
+    # The pods' pages lag (scraped a quarter second ago) and requests are in transit:
+    # the reports may say a quarter more, and two per pod.
+    held = PodsHeld(requests=40, pods=4)
+    load = _fleet({"a": 20, "b": 20}, {"a": 4, "b": 14})
+    believed, clipped = plausible_load(load, held)
+    assert clipped == {} and believed is load
+
+
+def test_two_liars_are_both_taken_down() -> None:
+    held = PodsHeld(requests=20, pods=2)
+    load = _fleet({"a": 10, "b": 10, "x": 500, "y": 400}, dict.fromkeys("abxy", 0))
+    _, clipped = plausible_load(load, held)
+    assert clipped == {"x": 500, "y": 400}

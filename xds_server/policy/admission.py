@@ -46,9 +46,11 @@ from xds_server.policy.shares import EnvoyDemand, split_budget
 __all__ = [
     "BandLoad",
     "PodCapacity",
+    "PodsHeld",
     "PoolAdmission",
     "UNLIMITED",
     "admit",
+    "plausible_load",
     "pod_capacity",
 ]
 
@@ -57,6 +59,10 @@ UNLIMITED = 1_000_000
 # A KV cache this full is about to preempt: the pod takes nothing more.
 _KV_FULL = 0.95
 _NO_DEMAND = EnvoyDemand()
+# What the Envoys' reports may claim in flight beyond what the pods say they hold
+# (plausible_load): a share of it (scrape lag) and a few per pod (requests in transit).
+PLAUSIBLE_MARGIN = 0.25
+PLAUSIBLE_SLACK_PER_POD = 2
 # Retry-After values in seconds: a changed value is an RDS push, so it moves in coarse steps.
 _RETRY_AFTER_LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 90, 120, 180)
 
@@ -105,6 +111,9 @@ class PoolAdmission:
     by_envoy: Mapping[str, Mapping[Band, int]]
     retry_after_s: Mapping[Band, int]
     demand: Mapping[str, Mapping[Band, EnvoyDemand]] = field(default_factory=dict)
+    # Envoys whose reported requests in flight were not believed (`plausible_load`): node
+    # id -> the requests taken off their report.
+    clipped: Mapping[str, int] = field(default_factory=dict)
     # Each known Envoy's band limit split over the band's lanes, when it has several.
     by_lane: Mapping[str, Mapping[Band, Mapping[str, int]]] = field(default_factory=dict)
 
@@ -152,13 +161,16 @@ def admit(
     settings: FlowControlConfig,
     horizon_s: float = 0.5,
     reserved: float = 0.0,
+    held: PodsHeld | None = None,
 ) -> PoolAdmission:
     """The pool's admission from its ready `pods` and the Envoys' `load`. `horizon_s` is
     how long these limits stand before the next ones arrive (what Standard may take
     meanwhile is kept from Sheddable; an Envoy's demand counts its arrivals over it).
     `reserved` (0 to 1) is the part of each budget held back for Envoys this replica
-    cannot see (server replicas it has no word from)."""
+    cannot see (server replicas it has no word from). `held`, what all the pool's pods
+    hold by their metrics, is what the reports must be consistent with (plausible_load)."""
     capacity = sum(pod_capacity(p, settings=settings) for p in pods)
+    load, clipped = plausible_load(load, held) if held is not None else (load, {})
     in_flight: dict[Band, int] = {band: max(0, load.in_flight.get(band, 0)) for band in BANDS}
     critical, standard, sheddable = (in_flight[b] for b in BANDS)
     target = capacity * (1 - settings.critical_headroom)
@@ -218,4 +230,79 @@ def admit(
         by_lane=by_lane,
         retry_after_s=retry_after,
         in_flight=in_flight,
+        clipped=clipped,
+    )
+
+
+@dataclass(frozen=True)
+class PodsHeld:
+    """The requests all of a pool's pods run and queue by their metrics (ready or not: a
+    stuck or draining pod holds requests too), and how many pods that is."""
+
+    requests: float
+    pods: int
+
+
+def plausible_load(load: BandLoad, held: PodsHeld) -> tuple[BandLoad, dict[str, int]]:
+    """`load` with the reports no pod could have made true taken down, and what was taken
+    off each (node id -> requests).
+
+    Every request an Envoy has in flight on the pool is on one of its pods, so all of them
+    together hold at most what the pods say they run and queue, give or take the requests
+    in transit and a scrape's lag (PLAUSIBLE_MARGIN of it, PLAUSIBLE_SLACK_PER_POD per
+    pod). Beyond that, the largest reports are not believed, largest first, until the rest
+    fit: each is set to what the pods hold beyond the others' reports (at least 0), its
+    bands and demand scaled alike, so one Envoy claiming a thousand Critical requests
+    changes neither the budgets nor the shares of the others."""
+    if not load.by_envoy:
+        return load, {}
+    allowance = held.requests * (1 + PLAUSIBLE_MARGIN) + PLAUSIBLE_SLACK_PER_POD * held.pods
+    totals = {
+        node: sum(demand.in_flight for demand in bands.values())
+        for node, bands in load.by_envoy.items()
+    }
+    grand = sum(totals.values())
+    clipped: dict[str, int] = {}
+    for node in sorted(totals, key=lambda n: (-totals[n], n)):
+        if grand <= allowance:
+            break
+        others = grand - totals[node]
+        believed = max(0, math.floor(held.requests - others))
+        if believed >= totals[node]:
+            break
+        clipped[node] = totals[node] - believed
+        grand = others + believed
+        totals[node] = believed
+    if not clipped:
+        return load, {}
+    in_flight = dict(load.in_flight)
+    by_envoy = dict(load.by_envoy)
+    by_lane = dict(load.lanes_by_envoy)
+    for node in clipped:
+        ratio = totals[node] / (totals[node] + clipped[node])
+        bands = {band: _scaled(demand, ratio) for band, demand in load.by_envoy[node].items()}
+        for band, demand in bands.items():
+            in_flight[band] = in_flight.get(band, 0) - (
+                load.by_envoy[node][band].in_flight - demand.in_flight
+            )
+        by_envoy[node] = bands
+        if node in by_lane:
+            by_lane[node] = {
+                band: {lane: _scaled(d, ratio) for lane, d in lanes.items()}
+                for band, lanes in by_lane[node].items()
+            }
+    believed_load = BandLoad(
+        in_flight=in_flight,
+        completions_per_s=load.completions_per_s,
+        issued_per_s=load.issued_per_s,
+        by_envoy=by_envoy,
+        lanes_by_envoy=by_lane,
+    )
+    return believed_load, clipped
+
+
+def _scaled(demand: EnvoyDemand, ratio: float) -> EnvoyDemand:
+    return EnvoyDemand(
+        in_flight=math.floor(demand.in_flight * ratio),
+        arrivals_per_s=demand.arrivals_per_s * ratio,
     )

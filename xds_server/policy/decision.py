@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from xds_server.config import PoolConfig, RoutingConfig
-from xds_server.policy.admission import BandLoad, PodCapacity, PoolAdmission, admit
+from xds_server.policy.admission import BandLoad, PodCapacity, PodsHeld, PoolAdmission, admit
 from xds_server.policy.scoring import PodSignals, endpoint_id, score_pool
 from xds_server.policy.state import Health, PoolState
 from xds_server.steps import Steps, complete
@@ -228,6 +228,7 @@ class Decider:
                     reserved=load.reserved,
                     settings=config.flow_control,
                     horizon_s=horizon_s,
+                    held=_held(self._endpoint_ids(pool), signals or {}),
                 )
                 self._admitted[pool.name] = (admission_key, admissions[pool.name])
                 yield
@@ -235,6 +236,16 @@ class Decider:
             for gone in cache.keys() - {p.name for p in config.pools}:
                 del cache[gone]
         return Decision(pools=pools, admissions=admissions), PolicyMemory(pools=remembered)
+
+
+def _held(endpoints: tuple[str, ...], signals: Mapping[str, PodSignals]) -> PodsHeld | None:
+    """What the pool's pods hold by their metrics; None unless every one has a page."""
+    known = [signals.get(key) for key in endpoints]
+    if not known or any(s is None or not s.scraped for s in known):
+        return None
+    return PodsHeld(
+        requests=sum(s.running + s.waiting for s in known if s is not None), pods=len(known)
+    )
 
 
 def _capacity_inputs(

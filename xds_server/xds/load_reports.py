@@ -90,9 +90,11 @@ class ClusterLoad:
     in_progress: int
     # Requests in flight per endpoint ("address:port"); endpoints with none are left out.
     by_endpoint: Mapping[str, int]
-    # Requests finished in the report's interval per endpoint: (successful, failed); those
-    # that finished none are left out.
-    finished_by_endpoint: Mapping[str, tuple[int, int]]
+    # Per endpoint, requests issued and requests failed in the report's interval; those
+    # with neither are left out. (Envoy counts a request successful at its response
+    # headers: a stream that never ends counts as one, so completions are told by the
+    # requests in flight: issued, less those still in flight.)
+    issued_by_endpoint: Mapping[str, tuple[int, int]]
     rates: Rates
     # The interval the report covers (Envoy's measured load_report_interval), in seconds.
     interval_s: float
@@ -108,13 +110,13 @@ class ClusterLoad:
             return total / interval if interval > 0 else 0.0
 
         by_endpoint: dict[str, int] = {}
-        finished: dict[str, tuple[int, int]] = {}
+        issued_failed: dict[str, tuple[int, int]] = {}
         for locality in localities:
             for endpoint in locality.upstream_endpoint_stats:
                 in_progress = endpoint.total_requests_in_progress
-                succeeded = endpoint.total_successful_requests
+                issued = endpoint.total_issued_requests
                 failed = endpoint.total_error_requests
-                if not (in_progress or succeeded or failed) or not endpoint.address.HasField(
+                if not (in_progress or issued or failed) or not endpoint.address.HasField(
                     "socket_address"
                 ):
                     continue
@@ -122,13 +124,13 @@ class ClusterLoad:
                 key = f"{address.address}:{address.port_value}"
                 if in_progress:
                     by_endpoint[key] = by_endpoint.get(key, 0) + in_progress
-                if succeeded or failed:
-                    before = finished.get(key, (0, 0))
-                    finished[key] = (before[0] + succeeded, before[1] + failed)
+                if issued or failed:
+                    before = issued_failed.get(key, (0, 0))
+                    issued_failed[key] = (before[0] + issued, before[1] + failed)
         return cls(
             in_progress=sum(s.total_requests_in_progress for s in localities),
             by_endpoint=by_endpoint,
-            finished_by_endpoint=finished,
+            issued_by_endpoint=issued_failed,
             rates=Rates(
                 successful_per_s=rate(sum(s.total_successful_requests for s in localities)),
                 issued_per_s=rate(sum(s.total_issued_requests for s in localities)),

@@ -1,0 +1,167 @@
+"""Pods that look healthy but do not serve, through a real Envoy and simulated pods whose
+`/metrics` keep answering: a pod wedged after its first chunk and a pod that resets every
+request are judged from the Envoy's load reports (xds_server/verdicts.py), taken out of
+rotation, and taken back once a probe is served."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from llm_sim.fleet import Fleet, PodSpec
+from llm_sim.pod import BACKEND_ID_HEADER
+from llm_sim.profiles import H100
+from tests.e2e.conftest import eventually
+from tests.e2e.test_gpu_aware import fleet_config, hosts
+from xds_testbed.gateway import LocalGateway, run_local_gateway
+
+CLIENTS = 32
+
+
+@dataclass
+class Load:
+    """CLIENTS clients sending streamed completions back to back; per request the pod
+    that served it, when it was sent, and how it ended."""
+
+    url: str
+    timeout_s: float = 20.0
+    sent: list[tuple[float, str | None, str]] = field(default_factory=list)
+
+    async def one(self, http: aiohttp.ClientSession) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        body = {"model": "m", "prompt": "hello " * 20, "max_tokens": 24, "stream": True}
+        pod = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with http.post(f"{self.url}/v1/completions", json=body) as response:
+                    pod = response.headers.get(BACKEND_ID_HEADER)
+                    text = await response.text()
+            outcome = "ok" if response.status == 200 and "[DONE]" in text else "cut"
+            if response.status != 200:
+                outcome = f"HTTP {response.status}"
+        except TimeoutError:
+            outcome = "hung"
+        except aiohttp.ClientError:
+            outcome = "cut"
+        self.sent.append((started, pod, outcome))
+
+    async def client(self, http: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self.one(http)
+
+
+@contextlib.asynccontextmanager
+async def loaded(gateway: LocalGateway) -> AsyncIterator[Load]:
+    load = Load(gateway.url)
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as http:
+        clients = [asyncio.create_task(load.client(http, stop)) for _ in range(CLIENTS)]
+        try:
+            yield load
+        finally:
+            stop.set()
+            await asyncio.gather(*clients)
+
+
+@contextlib.asynccontextmanager
+async def four_pods(tmp_path: Path) -> AsyncIterator[tuple[Fleet, LocalGateway]]:
+    specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(4)]
+    async with Fleet(specs, model="m") as fleet:
+        path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.1})
+        async with run_local_gateway(path, config_poll_s=3600) as gateway:
+            yield fleet, gateway
+
+
+def verdict_of(gateway: LocalGateway, port: int) -> str | None:
+    state = gateway.app.controller.decision.pools.get("gpu")
+    if state is None:
+        return None
+    return next((e.verdict for e in state.endpoints if e.port == port), None)
+
+
+async def test_a_wedged_pod_is_taken_out_and_back_once_it_serves(tmp_path: Path) -> None:
+    async with four_pods(tmp_path) as (fleet, gateway), loaded(gateway) as load:
+        loop = asyncio.get_running_loop()
+        wedged = fleet["pod-0"]
+        # The pool's pace is learnt from a few seconds of traffic.
+        await eventually(lambda: len(load.sent) >= 200, within_s=60, what="200 requests")
+        wedged.wedge(after_chunks=1)
+        wedged_at = loop.time()
+        await eventually(
+            lambda: verdict_of(gateway, wedged.port) == "stalled",
+            within_s=30,
+            what="the wedged pod judged stalled",
+        )
+        judged_s = loop.time() - wedged_at
+
+        async def out_at_envoy() -> bool:
+            return (await hosts(gateway))[wedged.port][1] == "UNHEALTHY"
+
+        await eventually(out_at_envoy, within_s=30, what="Envoy holding it UNHEALTHY")
+        out_at = loop.time()
+        # Requests sent from now on never reach it, and all finish.
+        await eventually(
+            lambda: sum(1 for t, _, _ in load.sent if t > out_at) >= 200,
+            within_s=60,
+            what="200 requests after",
+        )
+        after = [(pod, outcome) for t, pod, outcome in load.sent if t > out_at]
+        assert all(pod != "pod-0" for pod, _ in after)
+        assert {outcome for _, outcome in after} == {"ok"}
+        # A probe is served once it serves again: back in rotation.
+        wedged.unwedge()
+        await eventually(
+            lambda: verdict_of(gateway, wedged.port) is None,
+            within_s=60,
+            what="the pod back after a probe",
+        )
+        back_at = loop.time()
+        await eventually(
+            lambda: any(t > back_at + 1 and pod == "pod-0" for t, pod, _ in load.sent),
+            within_s=60,
+            what="traffic to the pod again",
+        )
+    samples = gateway.app.telemetry.pod_verdicts.labels("stalled")._value.get()
+    assert samples >= 1
+    # Within the issue's 2 s on a quiet machine; CI shares its cores (bench g2 measures it).
+    assert judged_s < 15, judged_s
+    print(f"judged stalled {judged_s:.2f} s after the wedge")
+
+
+async def test_a_resetting_pod_costs_no_request_and_is_taken_out(tmp_path: Path) -> None:
+    async with four_pods(tmp_path) as (fleet, gateway), loaded(gateway) as load:
+        loop = asyncio.get_running_loop()
+        resetting = fleet["pod-1"]
+        await eventually(lambda: len(load.sent) >= 100, within_s=60, what="100 requests")
+        resetting.reset_requests(True)
+        reset_at = loop.time()
+        await eventually(
+            lambda: verdict_of(gateway, resetting.port) == "failing",
+            within_s=30,
+            what="the resetting pod judged failing",
+        )
+        judged_at = loop.time()
+        await eventually(
+            lambda: sum(1 for t, _, _ in load.sent if t > judged_at) >= 300,
+            within_s=60,
+            what="300 requests after",
+        )
+        resetting.reset_requests(False)
+        healed_at = loop.time()
+        await eventually(
+            lambda: verdict_of(gateway, resetting.port) is None,
+            within_s=60,
+            what="the pod back after a probe",
+        )
+    during = [(pod, outcome) for t, pod, outcome in load.sent if reset_at < t < healed_at]
+    # Every request the pod reset was retried on another pod.
+    outcomes = [outcome for _, outcome in during]
+    assert set(outcomes) == {"ok"}, {o: outcomes.count(o) for o in set(outcomes)}
+    assert all(pod != "pod-1" for pod, _ in during)
+    print(f"judged failing {judged_at - reset_at:.2f} s after the resets began")
