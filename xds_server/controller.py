@@ -140,6 +140,8 @@ class Controller:
         self._ring_config: tuple[RoutingConfig, RoutingConfig] | None = None
         self.snapshot: Snapshot | None = None
         self.decision = Decision()
+        # (pool, node id) of the Envoys whose reports the last decision did not believe.
+        self._clipped: set[tuple[str, str]] = set()
 
     @property
     def config(self) -> RoutingConfig | None:
@@ -244,6 +246,26 @@ class Controller:
             return
         if any(c in clusters for p in config.pools for c in names.long_prompt_clusters(config, p)):
             self._schedule_soon()
+
+    def _note_clipped(self, decision: Decision) -> None:
+        """Log and count the Envoys whose load reports a decision did not believe (more
+        in flight than the pool's pods hold: policy/admission.plausible_load), once per
+        Envoy and pool while it goes on."""
+        clipped = {
+            (pool, node): excess
+            for pool, admission in decision.admissions.items()
+            for node, excess in admission.clipped.items()
+        }
+        for (pool, node), excess in sorted(clipped.items()):
+            if (pool, node) not in self._clipped:
+                self._telemetry.lrs_implausible_reports.inc()
+                logger.warning(
+                    "Envoy %r reports %d more requests in flight on pool %r than its pods"
+                    " hold beyond the other Envoys' reports; that part is not believed (the"
+                    " other Envoys' limits stand).",
+                    node, excess, pool,
+                )  # fmt: skip
+        self._clipped = set(clipped)
 
     def verdicts_changed(self) -> None:
         """A pod was judged stalled or failing from the Envoys' reports, or came back
@@ -393,6 +415,7 @@ class Controller:
             return
         self._memory_settled = memory == self._memory
         self._memory, self._decided_on = memory, decided_on
+        self._note_clipped(decision)
         self.decision = decision
         if self._built is not None and self._built == (config, decision):
             return

@@ -1,7 +1,8 @@
 """Pods that look healthy but do not serve, through a real Envoy and simulated pods whose
 `/metrics` keep answering: a pod wedged after its first chunk and a pod that resets every
 request are judged from the Envoy's load reports (xds_server/verdicts.py), taken out of
-rotation, and taken back once a probe is served."""
+rotation, and taken back once a probe is served; an Envoy's report that claims more in
+flight than the pods hold is not believed (policy/admission.plausible_load)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.config.endpoint.v3 import load_report_pb2
+from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
 
 from llm_sim.fleet import Fleet, PodSpec
 from llm_sim.pod import BACKEND_ID_HEADER
 from llm_sim.profiles import H100
 from tests.e2e.conftest import eventually
 from tests.e2e.test_gpu_aware import fleet_config, hosts
+from xds_server.envoy import names
 from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 CLIENTS = 32
@@ -165,3 +171,53 @@ async def test_a_resetting_pod_costs_no_request_and_is_taken_out(tmp_path: Path)
     assert set(outcomes) == {"ok"}, {o: outcomes.count(o) for o in set(outcomes)}
     assert all(pod != "pod-1" for pod, _ in during)
     print(f"judged failing {judged_at - reset_at:.2f} s after the resets began")
+
+
+async def test_one_envoys_inflated_load_report_leaves_the_other_envoys_limits(
+    tmp_path: Path,
+) -> None:
+    specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(2)]
+    async with Fleet(specs, model="m") as fleet:
+        path = fleet_config(
+            tmp_path, fleet, {"scrape_interval_s": 0.1}, flow_control={"enabled": True}
+        )
+        async with (
+            run_local_gateway(path, config_poll_s=3600) as gateway,
+            grpc.aio.insecure_channel(f"127.0.0.1:{gateway.app.xds_port}") as channel,
+        ):
+            call = lrs_pb2_grpc.LoadReportingServiceStub(channel).StreamLoadStats()
+            await call.write(lrs_pb2.LoadStatsRequest(node=base_pb2.Node(id="forger")))
+            await call.read()
+
+            async def report(critical: int) -> None:
+                stats = load_report_pb2.ClusterStats(
+                    cluster_name=names.band_cluster_name("gpu", "critical"),
+                    upstream_locality_stats=[
+                        load_report_pb2.UpstreamLocalityStats(
+                            total_requests_in_progress=critical, total_issued_requests=critical
+                        )
+                    ],
+                )
+                stats.load_report_interval.FromNanoseconds(250_000_000)
+                await call.write(lrs_pb2.LoadStatsRequest(cluster_stats=[stats]))
+
+            def limits() -> tuple[int, int] | None:
+                admission = gateway.app.controller.decision.admissions.get("gpu")
+                if admission is None or set(admission.by_envoy) != {"envoy-local", "forger"}:
+                    return None
+                return admission.budget["standard"], admission.limits_of("envoy-local")[
+                    "standard"
+                ]
+
+            await report(0)
+            honest = await eventually(limits, what="both Envoys in the admission")
+            counter = gateway.app.telemetry.lrs_implausible_reports
+            for _ in range(8):
+                await report(1000)
+                await asyncio.sleep(0.3)
+            await eventually(lambda: counter._value.get() >= 1, what="the report not believed")
+            assert limits() == honest
+            admission = gateway.app.controller.decision.admissions["gpu"]
+            assert admission.clipped == {"forger": 1000}
+            assert admission.in_flight["critical"] == 0
+            call.cancel()

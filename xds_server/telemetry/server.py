@@ -115,6 +115,13 @@ class Telemetry:
             " plus 1,000.",
             registry=r,
         )
+        self.lrs_implausible_reports = Counter(
+            "xds_lrs_implausible_reports",
+            "Times an Envoy's load report claimed more requests in flight on a pool than the"
+            " pool's pods hold beyond the other Envoys' reports (counted once per Envoy and"
+            " pool while it lasts); the excess is not believed.",
+            registry=r,
+        )
         self.pod_verdicts = Counter(
             "xds_pod_verdicts",
             "Pods taken out of rotation for what the Envoys' load reports show of them, by"
