@@ -24,6 +24,10 @@ server's start to Envoy's node being back and holding the new server's version o
 type, and the versions of the new server's first snapshot are compared with the old
 server's last.
 
+Scenario g2 (gray failures) runs its schedule beside the replay the same way
+(bench/gray.py): a wedged pod, a resetting pod and a pod lying about its KV cache, in
+turn; its figures are read from the replay's requests.
+
 Scenario h (hot keys: a trace with `users`) samples every pod's queue beside the replay
 (bench/affinity.py) and adds each policy's `key_stickiness` and `spill_reaction_s`.
 
@@ -51,6 +55,7 @@ from typing import Any
 
 from bench.affinity import QueueSampler, group_homes, key_figures
 from bench.collector import CollectorPauses, collector_frozen
+from bench.gray import gray_figures, inject_gray_faults
 from bench.lora_trace import AdapterSampler
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.peers import PEER_POLICIES, PEER_SESSION_HEADER, peer_versions, run_vllm_router
@@ -89,7 +94,7 @@ def policies_of(scenario: Scenario, wanted: Sequence[str]) -> tuple[list[str], l
     """The policies of `wanted` that `scenario` runs, and those it leaves out (the oracle
     has no admission for f; f2's replicas share flow control, which only the project has;
     a peer has no Envoy for g's faults to be measured in)."""
-    plain = scenario.faults is None and scenario.replicas is None
+    plain = scenario.faults is None and scenario.gray is None and scenario.replicas is None
     runs = scenario.policies or (ALL_POLICIES if plain else POLICIES)
     return [p for p in wanted if p in runs], [p for p in wanted if p not in runs]
 
@@ -451,6 +456,13 @@ async def _replay_on_gateway(
                 )
             )
             stack.push_async_callback(_cancel, faults)
+        elif scenario.gray is not None:
+            faults = asyncio.create_task(
+                inject_gray_faults(
+                    gateway, fleet, scenario.gray, pool=_POOL, first_at_s=first_at_s
+                )
+            )
+            stack.push_async_callback(_cancel, faults)
         result: ReplayResult = await run_replay_in_subprocess(
             trace_path,
             url=gateway.url,
@@ -458,6 +470,9 @@ async def _replay_on_gateway(
             max_in_flight=5000,
         )
         fault_figures = await _fault_figures(faults) if faults else {}
+        if scenario.gray is not None:
+            pods = [pod.name for pod in fleet.pods]
+            fault_figures = gray_figures(result, scenario.gray, pods, fault_figures)
     sim_lag = _simulator_lag(fleet)
     # Retire the pods before they stop, as a drained deployment would.
     gateway.app.submit_config(

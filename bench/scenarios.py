@@ -44,6 +44,7 @@ from llm_sim.profiles import A10G, H100, nominal_capacity
 __all__ = [
     "ADAPTERS",
     "Faults",
+    "GrayFaults",
     "HOT_KEYS_HEAVY",
     "HOT_KEYS_LIGHT",
     "HOT_KEYS_LIGHT_FRACTION",
@@ -77,6 +78,25 @@ class Faults:
     revive_s: float
     control_plane_s: float
     control_plane_down_s: float = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class GrayFaults:
+    """Scenario g2's gray failures, in seconds from the trace's start (bench/gray.py):
+    `wedge_pod` stops its streams after their first chunk from `wedge_s` to `unwedge_s`;
+    `reset_pod` resets every request from `reset_s` to `reset_end_s`; `liar` claims
+    `liar_factor` times its KV cache from `liar_s` to `liar_end_s`."""
+
+    wedge_pod: str
+    wedge_s: float
+    unwedge_s: float
+    reset_pod: str
+    reset_s: float
+    reset_end_s: float
+    liar: str
+    liar_s: float
+    liar_end_s: float
+    liar_factor: float = 4.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,8 +138,9 @@ class Scenario:
     # Figures count requests that arrive after this many seconds (and cache and adapter
     # counters from then on): the run's start is a cold start, not the steady state.
     warmup_s: float = 0.0
-    # Scenario g: the fault schedule.
+    # Scenario g: the fault schedule; g2: the gray failures'.
     faults: Faults | None = None
+    gray: GrayFaults | None = None
     # Scenario f2: server replicas and Envoys, one each, and the trace's split over them.
     replicas: Replicas | None = None
 
@@ -269,6 +290,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
     project_balancing: Mapping[str, Any] | None = None
     warmup_s = 0.0
     faults: Faults | None = None
+    gray: GrayFaults | None = None
     chat = RequestClass(
         name="chat", prompt_words=ln(500, 0.4, 32, 2000), output_tokens=ln(150, 0.4, 8, 600)
     )
@@ -471,6 +493,33 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             revive_s=0.55 * duration_s,
             control_plane_s=0.75 * duration_s,
         )
+    elif name == "g2":
+        # d's fleet and load, with gray failures in turn (bench/gray.py): a pod wedged
+        # after its streams' first chunk from 10% to 35% of the run, another resetting
+        # every request from 40% to 60%, a third claiming 4x its KV cache from 65% on.
+        pods = _pods(h100=4)
+        classes = (chat,)
+        capacity = fleet_capacity(pods, classes)
+        trace = TraceSpec(
+            duration_s=duration_s, rate_per_s=0.6 * capacity, request_classes=classes, model=MODEL
+        )
+        title = (
+            "gray failures (4 identical pods, Poisson at 60% of capacity; a pod wedged after"
+            " its first chunk at 10-35%, another resetting every request at 40-60%, a third"
+            " claiming 4x its KV cache from 65%)"
+        )
+        policies = ("round_robin", "least_request", "project")
+        gray = GrayFaults(
+            wedge_pod="h100-0",
+            wedge_s=0.1 * duration_s,
+            unwedge_s=0.35 * duration_s,
+            reset_pod="h100-1",
+            reset_s=0.4 * duration_s,
+            reset_end_s=0.6 * duration_s,
+            liar="h100-2",
+            liar_s=0.65 * duration_s,
+            liar_end_s=0.98 * duration_s,
+        )
     else:
         raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
     return Scenario(
@@ -488,7 +537,8 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         project_balancing=project_balancing,
         warmup_s=warmup_s,
         faults=faults,
+        gray=gray,
     )
 
 
-SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "h", "c96", "f2")
+SCENARIOS = ("a", "b", "c", "d", "e", "f", "g", "g2", "h", "c96", "f2")

@@ -252,3 +252,34 @@ async def test_run_probes_probes_a_judged_pod_and_reports_back(outcome: str | No
         task.cancel()
     assert probed[0] == ("10.0.0.1", 8000, "m")
     assert fleet.judged() == ({} if outcome is None else {PODS[0]: "stalled"})
+
+
+def test_a_pod_slower_per_request_than_its_peers_gains_slowness_and_loses_it_after() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    # Three times its peers' time per request: a step once that shows over the last 2 s
+    # and has lasted 3 s, then one every 3 s.
+    slow = {**SERVING, PODS[3]: 16.0 / 3}
+    elapsed = 0.0
+    while not fleet.verdicts.slowness_of_pool("p"):
+        fleet.run(INTERVAL_S, BUSY, slow)
+        elapsed += INTERVAL_S
+        assert elapsed < 10
+    assert 3.0 <= elapsed <= 6.0
+    assert fleet.verdicts.slowness_of_pool("p") == {PODS[3]: 1}
+    changes = fleet.changes
+    fleet.run(30, BUSY, slow)
+    assert fleet.verdicts.slowness_of_pool("p") == {PODS[3]: 4}
+    assert fleet.changes == changes + 3
+    # At its peers' pace again (as it shows over 2 s): a step less a minute.
+    fleet.run(59, BUSY, SERVING)
+    assert fleet.verdicts.slowness_of_pool("p") == {PODS[3]: 4}
+    fleet.run(4, BUSY, SERVING)
+    assert fleet.verdicts.slowness_of_pool("p") == {PODS[3]: 3}
+    assert fleet.judged() == {}
+
+
+def test_a_little_slower_is_no_slowness() -> None:
+    fleet = Fleet(_config())
+    fleet.run(60, BUSY, {**SERVING, PODS[3]: 16.0 / 1.4})
+    assert fleet.verdicts.slowness_of_pool("p") == {}

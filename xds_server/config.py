@@ -171,6 +171,15 @@ class PoolConfig(_Strict):
     # A change that takes away the last of the pool's `endpoints` is accepted: without it,
     # such a change is refused and the last good config stays (config_document.emptied_pools).
     allow_empty: bool = False
+    # Bounds on a streamed request (`"stream": true`), per try, 0 for none. A pod sends a
+    # stream's response headers at once (vLLM, SGLang), so `first_byte_s` bounds a pod
+    # that does not answer at all (frozen, its server stuck): the request is tried again
+    # on another pod. `stream_idle_s` bounds the silence before the first token (queueing
+    # and prefill) and between chunks: a pod wedged mid-stream has it cut (the client sees
+    # the stream end without `[DONE]`), one that never began has it tried elsewhere. A
+    # request without `stream` sends nothing until it is done, so neither applies to it.
+    first_byte_s: Annotated[float, Field(ge=0, le=3600)] = 10.0
+    stream_idle_s: Annotated[float, Field(ge=0, le=3600)] = 60.0
 
     @property
     def weights_from_metrics(self) -> bool:

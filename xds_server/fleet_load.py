@@ -40,11 +40,14 @@ _NO_DEMAND = EnvoyDemand()
 
 
 class VerdictView(Protocol):
-    """The pods judged from this replica's load reports (verdicts.py)."""
+    """The pods judged, and found slower than their peers, from this replica's load
+    reports (verdicts.py)."""
 
     revision: int
 
     def of_pool(self, pool: str) -> Mapping[str, str]: ...
+
+    def slowness_of_pool(self, pool: str) -> Mapping[str, int]: ...
 
 
 class PeerView(Protocol):
@@ -202,6 +205,9 @@ class EnvoyLoad:
                 else BandLoad(in_flight={}),
                 long_prompts=_long_prompts(long, envoys),
                 verdicts=self._verdicts.of_pool(pool.name) if self._verdicts is not None else {},
+                slowness=self._verdicts.slowness_of_pool(pool.name)
+                if self._verdicts is not None
+                else {},
             )
         return FleetLoad(
             pools=pools, reserved=self._peers.reserved() if self._peers is not None else 0.0

@@ -31,6 +31,14 @@ those still in flight; less the failures, it is what completed.
   `min_failures` failed and they are `failure_ratio` of all (resets, connect failures,
   5xx: Envoy counts each try, so a retried request counts on the pod that failed it).
 
+- **slowness**, no verdict but a measure: a pod whose requests take SLOW_RATIO times
+  its peers' (over the last SLOW_DECAY_S) gains a step every SLOW_STEP_S while that
+  lasts (up to MAX_SLOW_STEPS), and loses one every SLOW_RECOVERY_S it does not. The
+  policy halves, per step, the KV capacity such a pod claims when it claims more than
+  its peers (policy/scoring.py): a pod claiming four times the cache it has takes the
+  traffic of four until its queue shows, then what it serves at its peers' pace. A pod
+  slower for being smaller claims less, and keeps its claim.
+
 At most half a pool's pods are judged at once (as Envoy ejects at most half a pool): when
 more look stalled or failing, the fault is not theirs alone (a pace misjudged, a request
 every pod fails), and a pool of one is never judged.
@@ -83,6 +91,14 @@ QUIET_PACES = 2.0
 # Fewer requests in flight than this are never a stall: one long generation among short
 # ones keeps a pod quiet for many times its pool's pace.
 MIN_STALLED_IN_FLIGHT = 3
+# Slowness (module docstring): measured over this long, a pod this many times slower
+# per request than its peers gains a step every SLOW_STEP_S, up to MAX_SLOW_STEPS, and
+# loses one every SLOW_RECOVERY_S it is not.
+SLOW_DECAY_S = 2.0
+SLOW_RATIO = 1.5
+SLOW_STEP_S = 3.0
+SLOW_RECOVERY_S = 60.0
+MAX_SLOW_STEPS = 4
 # The first probe of a judged pod, after its verdict.
 PROBE_FIRST_S = 1.0
 
@@ -125,6 +141,13 @@ class _Pod:
     in_flight: dict[str, int] = field(default_factory=dict)
     busy: _Decayed = field(default_factory=lambda: _Decayed(DECAY_S))
     done: _Decayed = field(default_factory=lambda: _Decayed(DECAY_S))
+    recent_busy: _Decayed = field(default_factory=lambda: _Decayed(SLOW_DECAY_S))
+    recent_done: _Decayed = field(default_factory=lambda: _Decayed(SLOW_DECAY_S))
+    # Its slowness (`slow_steps`): steps now, since when it is slow, and when it last
+    # stepped (or stopped being slow).
+    slow_steps: int = 0
+    slow_since: float | None = None
+    stepped_at: float = 0.0
     recent_ok: _Decayed = field(default_factory=lambda: _Decayed(FAILURE_DECAY_S))
     recent_failed: _Decayed = field(default_factory=lambda: _Decayed(FAILURE_DECAY_S))
     owed: float = 0.0
@@ -143,6 +166,8 @@ class _Pool:
     size: int = 0
     busy: _Decayed = field(default_factory=lambda: _Decayed(DECAY_S))
     done: _Decayed = field(default_factory=lambda: _Decayed(DECAY_S))
+    recent_busy: _Decayed = field(default_factory=lambda: _Decayed(SLOW_DECAY_S))
+    recent_done: _Decayed = field(default_factory=lambda: _Decayed(SLOW_DECAY_S))
 
 
 class PodVerdicts:
@@ -243,10 +268,11 @@ class PodVerdicts:
             else:
                 pod.in_flight.pop(node_id, None)
             pool = self._pools[pod.pool]
-            pool.busy.add(busy, now)
-            pool.done.add(succeeded, now)
-            pod.busy.add(busy, now)
-            pod.done.add(succeeded, now)
+            for sums in (pool, pod):
+                sums.busy.add(busy, now)
+                sums.done.add(succeeded, now)
+                sums.recent_busy.add(busy, now)
+                sums.recent_done.add(succeeded, now)
             pod.recent_ok.add(succeeded, now)
             pod.recent_failed.add(failed, now)
             pace = self._pace(pod, pool, now)
@@ -259,6 +285,8 @@ class PodVerdicts:
                 pod.owed += busy / pace
             if pod.verdict is None:
                 changed |= self._judge(key, pod, now, pace, config)
+            if pod.verdict is None:
+                changed |= self._step_slowness(key, pod, pool, now)
         if changed:
             self._changed()
 
@@ -280,6 +308,38 @@ class PodVerdicts:
         if pod.own_pace is not None:
             pace = max(pace, pod.own_pace)
         return pace if pace > 0 else None
+
+    def _step_slowness(self, key: str, pod: _Pod, pool: _Pool, now: float) -> bool:
+        """One step more of slowness every SLOW_STEP_S the pod takes SLOW_RATIO times its
+        peers' time per request (over the last SLOW_DECAY_S), up to MAX_SLOW_STEPS; one
+        step less every SLOW_RECOVERY_S it does not. True when the steps changed."""
+        done = pod.recent_done.value(now)
+        peers_done = pool.recent_done.value(now) - done
+        if done < MIN_PEER_COMPLETIONS or peers_done < MIN_PEER_COMPLETIONS:
+            return False
+        own = pod.recent_busy.value(now) / done
+        peers = (pool.recent_busy.value(now) - pod.recent_busy.value(now)) / peers_done
+        if own > SLOW_RATIO * peers:
+            if pod.slow_since is None:
+                pod.slow_since = now
+            due = max(pod.slow_since, pod.stepped_at) + SLOW_STEP_S
+            if pod.slow_steps < MAX_SLOW_STEPS and now >= due:
+                pod.slow_steps += 1
+                pod.stepped_at = now
+                logger.info(
+                    "Pod %s of pool %r takes %.2f s a request, its peers %.2f s: slowness %d.",
+                    key, pod.pool, own, peers, pod.slow_steps,
+                )  # fmt: skip
+                return True
+            return False
+        if pod.slow_since is not None:
+            pod.slow_since = None
+            pod.stepped_at = now
+        if pod.slow_steps and now >= pod.stepped_at + SLOW_RECOVERY_S:
+            pod.slow_steps -= 1
+            pod.stepped_at = now
+            return True
+        return False
 
     def _judge(
         self, key: str, pod: _Pod, now: float, pace: float | None, config: RoutingConfig
@@ -381,6 +441,14 @@ class PodVerdicts:
         )
 
     # -- queries ----------------------------------------------------------------------------
+
+    def slowness_of_pool(self, pool: str) -> dict[str, int]:
+        """The pods of `pool` slower than their peers: endpoint id -> steps (1 and up)."""
+        return {
+            key: pod.slow_steps
+            for key, pod in sorted(self._pods.items())
+            if pod.pool == pool and pod.slow_steps
+        }
 
     def of_pool(self, pool: str) -> dict[str, str]:
         """The judged pods of `pool`: endpoint id -> reason."""

@@ -328,8 +328,12 @@ def render_metrics(
     lora_enabled: bool,
     unix_offset: float,
     http: HttpStats | None = None,
+    kv_claim: float = 1.0,
 ) -> str:
     """The engine's metrics page as `flavour`'s server would serve it.
+
+    `kv_claim` makes a vLLM page lie about its KV cache: `kv_claim` times the blocks it
+    has, and its use of them divided by as much (a misconfigured or hostile pod).
 
     `unix_offset` converts engine time to Unix time (`unix = engine time + offset`), for
     `vllm:lora_requests_info`'s timestamp values. `lora_enabled` says whether the server
@@ -338,7 +342,7 @@ def render_metrics(
     """
     state = engine.state()
     if flavour is Flavour.VLLM:
-        return _vllm(engine, state, model_name, lora_enabled, unix_offset, http)
+        return _vllm(engine, state, model_name, lora_enabled, unix_offset, http, kv_claim)
     if flavour is Flavour.SGLANG:
         return _sglang(engine, state, model_name)
     if flavour is Flavour.TGI:
@@ -355,6 +359,7 @@ def _vllm(
     lora_enabled: bool,
     unix_offset: float,
     http: HttpStats | None,
+    kv_claim: float = 1.0,
 ) -> str:
     profile = engine.profile
     h = engine.histograms
@@ -373,7 +378,7 @@ def _vllm(
     page.gauge(
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",
-        [(base, state.kv_usage)],
+        [(base, state.kv_usage / kv_claim)],
     )
     page.counter(
         "vllm:prefix_cache_queries",
@@ -506,7 +511,7 @@ def _vllm(
                     "gpu_memory_utilization": "0.9",
                     "is_attention_free": "False",
                     "num_cpu_blocks": "None",
-                    "num_gpu_blocks": str(profile.kv_blocks),
+                    "num_gpu_blocks": str(round(profile.kv_blocks * kv_claim)),
                     "num_gpu_blocks_override": "None",
                     "prefix_caching_hash_algo": "builtin",
                     "sliding_window": "None",

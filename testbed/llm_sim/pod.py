@@ -241,6 +241,7 @@ class SimulatedPod:
         self._streams: dict[str, _Delivery] = {}
         self._failure: BaseException | None = None
         self._resetting = False
+        self.kv_claim = 1.0
         self._thawed = asyncio.Event()
         self._thawed.set()
         self._ids = itertools.count(1)
@@ -405,6 +406,12 @@ class SimulatedPod:
             self.name,
             "resets" if enabled else "no longer resets",
         )
+
+    def claim_capacity(self, factor: float) -> None:
+        """Make the vLLM metrics page claim `factor` times the KV cache the pod has (and a
+        use of it `factor` times smaller): a misconfigured or lying pod. 1 tells the truth."""
+        self.kv_claim = factor
+        logger.info("Simulated pod %s claims %gx its KV cache.", self.name, factor)
 
     def freeze(self) -> None:
         """Stop as SIGSTOP does: until `thaw()`, no request of any kind is answered, no
@@ -843,6 +850,7 @@ class SimulatedPod:
             lora_enabled=bool(self.adapters),
             unix_offset=time.time() - loop_now,
             http=self._http,
+            kv_claim=self.kv_claim,
         )
 
     def cached_prefix_tokens(self, prompt: Sequence[Token], *, adapter: str | None) -> int:

@@ -221,3 +221,64 @@ async def test_one_envoys_inflated_load_report_leaves_the_other_envoys_limits(
             assert admission.clipped == {"forger": 1000}
             assert admission.in_flight["critical"] == 0
             call.cancel()
+
+
+async def _streamed(http: aiohttp.ClientSession, url: str) -> tuple[int, str | None, str, float]:
+    """A streamed completion: status, the pod that served it, the body, and seconds taken."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    body = {"model": "m", "prompt": "hello", "max_tokens": 8, "stream": True}
+    try:
+        async with http.post(f"{url}/v1/completions", json=body) as response:
+            text = await response.text()
+            served_by = response.headers.get(BACKEND_ID_HEADER)
+            return response.status, served_by, text, loop.time() - started
+    except aiohttp.ClientPayloadError:
+        return 200, None, "cut", loop.time() - started
+
+
+async def test_a_frozen_pods_streams_are_tried_elsewhere_after_the_first_byte_bound(
+    tmp_path: Path,
+) -> None:
+    specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(2)]
+    async with Fleet(specs, model="m") as fleet:
+        path = fleet_config(
+            tmp_path,
+            fleet,
+            {"scrape_interval_s": 0.1, "stale_after_s": 60},
+            first_byte_s=1.0,
+        )
+        async with (
+            run_local_gateway(path, config_poll_s=3600) as gateway,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+        ):
+            fleet["pod-0"].freeze()
+            try:
+                answers = await asyncio.gather(*(_streamed(http, gateway.url) for _ in range(8)))
+            finally:
+                fleet["pod-0"].thaw()
+            stats = await gateway.envoy.get_stats(r"cluster\.gpu\.upstream_rq_per_try_timeout$")
+    assert [(status, pod) for status, pod, _, _ in answers] == [(200, "pod-1")] * 8
+    assert all("[DONE]" in text for _, _, text, _ in answers)
+    # Each waited at most the bound (and its retry), not for the freeze to end.
+    assert max(seconds for *_, seconds in answers) < 10
+    assert stats["cluster.gpu.upstream_rq_per_try_timeout"] >= 1
+
+
+async def test_a_stream_wedged_mid_way_is_cut_after_the_idle_bound(tmp_path: Path) -> None:
+    specs = [PodSpec(name="pod-0", profile=H100)]
+    async with Fleet(specs, model="m") as fleet:
+        path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.1}, stream_idle_s=1.0)
+        async with (
+            run_local_gateway(path, config_poll_s=3600) as gateway,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+        ):
+            fleet["pod-0"].wedge(after_chunks=1)
+            status, _, text, seconds = await _streamed(http, gateway.url)
+            stats = await gateway.envoy.get_stats(
+                r"cluster\.gpu\.upstream_rq_per_try_idle_timeout$"
+            )
+    # The answer had begun: it ends there (no retry), without [DONE], within the bound.
+    assert status == 200 and "[DONE]" not in text
+    assert seconds < 10
+    assert stats["cluster.gpu.upstream_rq_per_try_idle_timeout"] == 1

@@ -26,6 +26,7 @@ from xds_server.envoy.listeners import (
     PROMPT_KEY,
     PROMPT_NAMESPACE,
     ROUTER_FILTER,
+    STREAM_KEY,
 )
 
 
@@ -98,8 +99,16 @@ def test_json_to_metadata_always_writes_a_model(config: RoutingConfig) -> None:
     jtm = json_to_metadata_pb2.JsonToMetadata()
     assert hcm.http_filters[0].typed_config.Unpack(jtm)
     assert not jtm.HasField("response_rules")
-    (rule,) = jtm.request_rules.rules
+    rule, stream = jtm.request_rules.rules
     assert [s.key for s in rule.selectors] == [names.MODEL_KEY]
+    # `stream` as the JSON's boolean, for the streamed requests' routes (routes.py).
+    assert [s.key for s in stream.selectors] == [STREAM_KEY]
+    assert (stream.on_present.metadata_namespace, stream.on_present.key) == (
+        names.METADATA_NAMESPACE,
+        STREAM_KEY,
+    )
+    assert stream.on_present.type == json_to_metadata_pb2.JsonToMetadata.PROTOBUF_VALUE
+    assert not stream.HasField("on_missing")
     for pair in (rule.on_present, rule.on_missing, rule.on_error):
         assert pair.metadata_namespace == names.METADATA_NAMESPACE
         assert pair.key == names.MODEL_KEY
@@ -256,8 +265,9 @@ def test_session_affinity_adds_the_session_key_and_header_mutation(
     assert mutation == header_mutation_pb2.HeaderMutation()
     jtm = json_to_metadata_pb2.JsonToMetadata()
     assert hcm.http_filters[0].typed_config.Unpack(jtm)
-    model_rule, *session_rules = jtm.request_rules.rules
+    model_rule, *session_rules, stream_rule = jtm.request_rules.rules
     assert [s.key for s in model_rule.selectors] == [names.MODEL_KEY]
+    assert [s.key for s in stream_rule.selectors] == [STREAM_KEY]
     # A later write to the same key wins: `user` first, so `prompt_cache_key` wins.
     assert [[s.key for s in r.selectors] for r in session_rules] == [["user"], ["prompt_cache_key"]]
     assert names.SESSION_BODY_KEYS == ("prompt_cache_key", "user")
@@ -281,7 +291,7 @@ def test_prefix_keys_read_the_prompt_into_its_own_namespace(
     hcm = hcm_of(build_listeners(_with_prefix_keys(affinity_config, 64))[0])
     jtm = json_to_metadata_pb2.JsonToMetadata()
     assert hcm.http_filters[0].typed_config.Unpack(jtm)
-    *_, prompt_rule = jtm.request_rules.rules
+    *_, prompt_rule, _stream = jtm.request_rules.rules
     assert [s.key for s in prompt_rule.selectors] == [PROMPT_KEY] == ["prompt"]
     # Alone in its namespace: the routes print the namespace whole, as JSON.
     assert prompt_rule.on_present.metadata_namespace == PROMPT_NAMESPACE != names.METADATA_NAMESPACE
@@ -302,7 +312,7 @@ def test_prefix_keys_are_off_by_default_and_without_session_affinity(
     assert ["prompt"] not in selectors(affinity_config)
     pools = tuple(p.model_copy(update={"session_affinity": False}) for p in affinity_config.pools)
     no_affinity = affinity_config.model_copy(update={"pools": pools})
-    assert selectors(_with_prefix_keys(no_affinity, 64)) == [[names.MODEL_KEY]]
+    assert selectors(_with_prefix_keys(no_affinity, 64)) == [[names.MODEL_KEY], [STREAM_KEY]]
 
 
 def test_without_session_affinity_the_filters_stay_as_they_were(

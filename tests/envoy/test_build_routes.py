@@ -16,10 +16,16 @@ from xds_server.envoy.routes import MAX_SESSION_KEY_CHARS, PROMPT_PREFIX_REGEX, 
 from xds_server.errors import ResourceBuildError
 
 
-def _routes(config: RoutingConfig) -> list[Any]:
+def _all_routes(config: RoutingConfig) -> list[Any]:
     route_config = build_routes(config)[0]
     (virtual_host,) = route_config.virtual_hosts
     return list(virtual_host.routes)
+
+
+def _routes(config: RoutingConfig) -> list[Any]:
+    """The routes but the streamed requests' twins (`stream-<name>`, each just before its
+    route: test_streamed_requests_have_twins_with_per_try_bounds)."""
+    return [r for r in _all_routes(config) if not r.name.startswith("stream-")]
 
 
 # The routes of the paths Envoy answers itself (routes.py docstring, 0 and 8).
@@ -587,3 +593,52 @@ def test_spill_routes_go_to_the_pool_cluster_not_a_band_cluster() -> None:
     config = parse_config(AFFINITY_YAML + "flow_control: {enabled: true}\n")
     spill = {r.name: r for r in build_routes(config)}["llm/spill"]
     assert {r.route.cluster for r in spill.virtual_hosts[0].routes} == {"llm"}
+
+
+def test_streamed_requests_have_twins_with_per_try_bounds(affinity_config: RoutingConfig) -> None:
+    routes = _all_routes(affinity_config)
+    pool_routes = [r for r in routes if r.HasField("route") and r.name != "unrouted"]
+    twins = [r for r in pool_routes if r.name.startswith("stream-")]
+    assert twins and len(twins) * 2 == len(
+        [r for r in pool_routes if not r.name.startswith(("split-", "stream-split-"))]
+    )
+    for twin in twins:
+        following = routes[routes.index(twin) + 1]
+        assert twin.name == f"stream-{following.name}"
+        # Matched only for `"stream": true`, on top of the route's own match.
+        *same, stream = twin.match.dynamic_metadata
+        assert list(same) == list(following.match.dynamic_metadata)
+        assert [p.key for p in stream.path] == ["stream"] and stream.value.bool_match
+        assert twin.route.cluster == following.route.cluster
+        retry = twin.route.retry_policy
+        assert retry.per_try_timeout.ToTimedelta().total_seconds() == 10
+        assert retry.per_try_idle_timeout.ToTimedelta().total_seconds() == 60
+        assert retry.retry_on == following.route.retry_policy.retry_on
+        # The route for the rest has no bound: a request not streamed is silent until done.
+        assert not following.route.retry_policy.HasField("per_try_timeout")
+        assert not following.route.retry_policy.HasField("per_try_idle_timeout")
+
+
+def test_pools_without_stream_bounds_have_no_twins(affinity_config: RoutingConfig) -> None:
+    pools = tuple(
+        p.model_copy(update={"first_byte_s": 0.0, "stream_idle_s": 0.0})
+        for p in affinity_config.pools
+    )
+    unbounded = affinity_config.model_copy(update={"pools": pools})
+    assert _all_routes(unbounded) == _routes(unbounded) == _routes(affinity_config)
+    retries_off = unbounded.model_copy(
+        update={"upstream": unbounded.upstream.model_copy(update={"retries": 0})}
+    )
+    one = affinity_config.model_copy(
+        update={
+            "upstream": retries_off.upstream,
+            "pools": tuple(p.model_copy(update={"first_byte_s": 0.0}) for p in pools[:1])
+            + tuple(p.model_copy(update={"stream_idle_s": 30.0}) for p in pools[1:]),
+        }
+    )
+    # Without retries a twin still bounds its tries (none retried), with what is set.
+    for twin in [r for r in _all_routes(one) if r.name.startswith("stream-")]:
+        retry = twin.route.retry_policy
+        assert retry.num_retries.value == 0
+        assert not retry.HasField("per_try_timeout")
+        assert retry.per_try_idle_timeout.ToTimedelta().total_seconds() == 30

@@ -191,3 +191,34 @@ def test_median_without_one_value_is_the_median_of_the_rest(
     absent = data.draw(st.integers(min_value=-5, max_value=0))
     assert median_without(ordered, absent) == pytest.approx(statistics.median(values))
     assert median_without(ordered, None) == pytest.approx(statistics.median(values))
+
+
+def _weights(pods: dict[str, PodSignals], slowness: dict[str, int]) -> dict[str, int]:
+    scored = score_pool(pool_of(4), settings=SETTINGS, signals=pods, memory={}, slowness=slowness)
+    return {e.id: e.weight for e in scored.state.endpoints}
+
+
+def test_a_pod_claiming_more_than_it_serves_has_its_claim_halved_per_step_of_slowness() -> None:
+    pods = {pod(i): signals() for i in range(4)}
+    liar = pod(0)
+    pods[liar] = signals(kv_capacity_tokens=4 * HONEST, kv_usage=0.3 / 4)
+    believed = _weights(pods, {})
+    # Four times the cache: the capacity exponent gives it nearly all the traffic.
+    assert believed[liar] == MAX_WEIGHT
+    assert max(w for p, w in believed.items() if p != liar) < MAX_WEIGHT / 100
+
+    def share(weights: dict[str, int]) -> float:
+        return weights[liar] / sum(weights.values())
+
+    assert share(believed) > 0.98
+    assert 0.25 < share(_weights(pods, {liar: 1})) < share(believed)
+    # Two steps: its peers' claim, and no step takes it below that.
+    for steps in (2, 3, 4):
+        assert share(_weights(pods, {liar: steps})) == pytest.approx(0.25, abs=0.02)
+
+
+def test_slowness_leaves_the_claims_of_pods_that_claim_no_more_than_their_peers() -> None:
+    pods = {pod(i): signals() for i in range(4)}
+    small = pod(3)
+    pods[small] = signals(kv_capacity_tokens=HONEST // 4)
+    assert _weights(pods, {small: 4}) == _weights(pods, {})

@@ -97,7 +97,7 @@ from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, value_pb2
 from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import RoutingConfig
+from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.envoy import _error_bodies, _protos, names
 
 __all__ = [
@@ -113,7 +113,9 @@ __all__ = [
     "PROMPT_NAMESPACE",
     "RETRY_AFTER_HEADER",
     "ROUTER_FILTER",
+    "STREAM_KEY",
     "UNAVAILABLE_RETRY_AFTER_S",
+    "bounds_streams",
     "build_http_connection_manager",
     "build_listeners",
 ]
@@ -127,6 +129,8 @@ ROUTER_FILTER = "envoy.filters.http.router"
 # print the whole namespace, `{"prompt":"<the prompt, JSON-escaped>"}` (routes.py).
 PROMPT_NAMESPACE = "llm.prompt"
 PROMPT_KEY = "prompt"
+# The body's `stream`, as json_to_metadata writes it (`llm:stream`).
+STREAM_KEY = "stream"
 # The router's upstream log of long prompts: Envoy's gRPC access logger, its log name, and
 # how often a long prompt's stream is logged while it lasts (the end of its prefill is known
 # that much later; xds/access_logs.py reads the entries).
@@ -259,16 +263,26 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
             long_prompt_bytes=config.balancing.long_prompt_bytes
             if any("long" in config.lanes(p) for p in config.pools)
             else None,
+            streams=any(bounds_streams(p) for p in config.pools),
         ),
         local_reply_config=_local_replies(config),
     )
 
 
-def _http_filters(*, sessions: bool, prompts: bool, long_prompt_bytes: int | None) -> list[_Any]:
+def bounds_streams(pool: PoolConfig) -> bool:
+    """Whether `pool`'s streamed requests have bounds of their own (routes.py)."""
+    return pool.first_byte_s > 0 or pool.stream_idle_s > 0
+
+
+def _http_filters(
+    *, sessions: bool, prompts: bool, long_prompt_bytes: int | None, streams: bool
+) -> list[_Any]:
     filters = [
         hcm_pb2.HttpFilter(
             name=JSON_TO_METADATA_FILTER,
-            typed_config=_protos.pack(_json_to_metadata(sessions, prompts=prompts)),
+            typed_config=_protos.pack(
+                _json_to_metadata(sessions, prompts=prompts, streams=streams)
+            ),
         )
     ]
     if sessions:
@@ -317,7 +331,7 @@ def _long_prompt_log(long_prompt_bytes: int) -> _Any:
     )
 
 
-def _json_to_metadata(sessions: bool, *, prompts: bool = False) -> _Any:
+def _json_to_metadata(sessions: bool, *, prompts: bool = False, streams: bool = False) -> _Any:
     jtm = json_to_metadata_pb2.JsonToMetadata
 
     def write(key: str, value: str | None = None) -> _Any:
@@ -358,6 +372,11 @@ def _json_to_metadata(sessions: bool, *, prompts: bool = False) -> _Any:
                     metadata_namespace=PROMPT_NAMESPACE, key=PROMPT_KEY, type=jtm.STRING
                 ),
             )
+        )
+    if streams:
+        # `llm:stream`, as the JSON's boolean (routes.py: streamed requests' bounds).
+        rules.append(
+            jtm.Rule(selectors=[jtm.Selector(key=STREAM_KEY)], on_present=write(STREAM_KEY))
         )
     return jtm(
         request_rules=jtm.MatchRules(

@@ -155,7 +155,13 @@ from xds_server.config import (
     RoutingConfig,
 )
 from xds_server.envoy import _error_bodies, _protos, names
-from xds_server.envoy.listeners import HEADER_MUTATION_FILTER, PROMPT_KEY, PROMPT_NAMESPACE
+from xds_server.envoy.listeners import (
+    HEADER_MUTATION_FILTER,
+    PROMPT_KEY,
+    PROMPT_NAMESPACE,
+    STREAM_KEY,
+    bounds_streams,
+)
 from xds_server.errors import ResourceBuildError
 from xds_server.policy.admission import PoolAdmission
 
@@ -577,7 +583,33 @@ def _to_pool(
     cluster = _cluster(pool.name, band, "pool")
     action = _action(config, cluster, model, adapter=adapter, hashed=False)
     routes.append(_route(f"{kind}/{model}", match, action, model))
-    return routes
+    if not bounds_streams(pool):
+        return routes
+    return [twin for route in routes for twin in (_streamed(pool, route), route)]
+
+
+def _streamed(pool: PoolConfig, route: _Any) -> _Any:
+    """`route` for streamed requests only (`llm:stream` true), named `stream-<name>`, with
+    the pool's bounds per try (PoolConfig.first_byte_s, stream_idle_s): a try that gets no
+    response headers within `first_byte_s`, or no byte for `stream_idle_s`, is reset;
+    one whose response had not begun is tried again on another pod (RETRY_ON's `reset`
+    covers a try's timeouts), one mid-stream ends there. Matched before `route`, which
+    serves the rest: a request that is not streamed sends nothing until it is done."""
+    twin = rc_pb2.Route()
+    twin.CopyFrom(route)
+    twin.name = f"stream-{route.name}"
+    twin.match.dynamic_metadata.append(
+        _metadata_matcher(STREAM_KEY, value_pb2.ValueMatcher(bool_match=True))
+    )
+    retry_policy = twin.route.retry_policy
+    if not twin.route.HasField("retry_policy"):
+        retry_policy.retry_on = RETRY_ON
+        retry_policy.num_retries.value = 0
+    if pool.first_byte_s > 0:
+        retry_policy.per_try_timeout.CopyFrom(_protos.duration(pool.first_byte_s))
+    if pool.stream_idle_s > 0:
+        retry_policy.per_try_idle_timeout.CopyFrom(_protos.duration(pool.stream_idle_s))
+    return twin
 
 
 def _action(

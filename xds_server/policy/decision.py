@@ -42,6 +42,7 @@ __all__ = [
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 _NO_SIGNALS: Mapping[str, PodSignals] = MappingProxyType({})
 _NO_VERDICTS: Mapping[str, str] = MappingProxyType({})
+_NO_SLOWNESS: Mapping[str, int] = MappingProxyType({})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +57,9 @@ class PoolLoad:
     # Pods the Envoys' reports show stalled or failing (endpoint id -> reason): out of
     # rotation whatever their metrics say (verdicts.py).
     verdicts: Mapping[str, str] = field(default_factory=dict)
+    # Pods slower per request than their peers (endpoint id -> steps of slowness): the KV
+    # capacity they claim beyond their peers' is believed half as much per step.
+    slowness: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,12 +172,14 @@ class Decider:
             pool_load = load.pools.get(pool.name) if load is not None else None
             long_prompts = pool_load.long_prompts if pool_load is not None else _EMPTY
             verdicts = pool_load.verdicts if pool_load is not None else _NO_VERDICTS
+            slowness = pool_load.slowness if pool_load is not None else _NO_SLOWNESS
             key: _ScoringKey = (
                 pool,
                 config.balancing,
                 own_signals[pool.name],
                 long_prompts,
                 verdicts,
+                slowness,
                 previous,
             )
             last = self._scored.get(pool.name)
@@ -186,6 +192,7 @@ class Decider:
                 signals=own_signals[pool.name],
                 long_prompts=long_prompts,
                 verdicts=verdicts,
+                slowness=slowness,
                 memory=previous.scores,
                 placement=previous.placement,
                 adapter_activity=previous.adapter_activity,

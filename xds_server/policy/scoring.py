@@ -255,10 +255,17 @@ def _capacities(
     endpoints: tuple[EndpointConfig, ...],
     signals: Mapping[str, PodSignals],
     settings: BalancingConfig,
+    slowness: Mapping[str, int] = MappingProxyType({}),
 ) -> dict[str, float]:
     """Relative capacity per endpoint (the largest is 1); unknown ones count as the largest.
     `signals` are those of pods scraped, and believed (stale ones too: the ring weights
-    must not move when a pod's metrics stop)."""
+    must not move when a pod's metrics stop).
+
+    Capacity is measured, not only believed: a pod that claims a larger KV cache than the
+    median of the pool's other claims, and whose requests take longer than its peers'
+    (`slowness`, from the Envoys' reports: verdicts.py), has its claim halved per step of
+    slowness, down to that median at most. A larger pod that serves at its peers' pace
+    keeps its claim; a liar keeps what it has shown it serves."""
     raw: dict[str, float | None] = {}
     for endpoint in endpoints:
         key = endpoint_id(endpoint)
@@ -268,6 +275,14 @@ def _capacities(
             raw[key] = float(s.kv_capacity_tokens)
         else:
             raw[key] = None
+    claims = sorted(v for k, v in raw.items() if v is not None and k not in slowness)
+    for key, steps in slowness.items():
+        claimed = raw.get(key)
+        if claimed is None or not claims:
+            continue
+        median = statistics.median(claims)
+        if claimed > median:
+            raw[key] = max(median, claimed * 0.5**steps)
     known = [v for v in raw.values() if v is not None]
     top = max(known, default=1.0)
     return {key: 1.0 if value is None else value / top for key, value in raw.items()}
@@ -398,6 +413,7 @@ def score_pool(
     long_prompts: Mapping[str, int] = MappingProxyType({}),
     spilled: Set[str] = frozenset(),
     verdicts: Mapping[str, str] = MappingProxyType({}),
+    slowness: Mapping[str, int] = MappingProxyType({}),
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
@@ -405,7 +421,9 @@ def score_pool(
     (empty at first); `draining` lists endpoints being shut down;
     `long_prompts` the long prompts in flight per endpoint id; `verdicts` the pods the
     Envoys' reports show stalled or failing (by endpoint id: the reason), which are out of
-    rotation like a pod known to be down. Pure: the same inputs give the same output.
+    rotation like a pod known to be down; `slowness` the pods slower per request than
+    their peers (steps), whose claims beyond their peers' are cut (`_capacities`). Pure:
+    the same inputs give the same output.
     """
     keys = {endpoint_id(e) for e in pool.endpoints}
     down = {key for key, s in signals.items() if s.down} | (verdicts.keys() & keys)
@@ -421,6 +439,7 @@ def score_pool(
         pool.endpoints,
         {k: s for k, s in signals.items() if s.scraped and k not in unbelieved},
         settings,
+        slowness,
     )
     # No pod that is not known to be down has fresh metrics: a metrics outage, or a pool
     # none of whose pods has been scraped yet.
