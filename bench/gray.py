@@ -1,11 +1,11 @@
 """Scenario g2: gray failures, pods that look healthy and do not serve, in turn.
 
 On d's fleet and load: a pod wedges (its streams stop after their first chunk, its
-`/metrics` and `/health` still answer) and is healed; a second pod resets every request
-it gets (its metrics still fine) and stops; a third claims four times its KV cache until
-the end. `inject_gray_faults` runs that schedule beside the replay and times how long
-Envoy kept the wedged pod in rotation (polling its admin `/clusters` for the host's EDS
-health); `gray_figures` reads the replay's requests:
+`/metrics` and `/health` still answer) and is restarted (its stuck streams cut); a second
+pod resets every request it gets (its metrics still fine) and stops; a third claims four
+times its KV cache until the end. `inject_gray_faults` runs that schedule beside the
+replay and times how long Envoy kept the wedged pod in rotation (polling its admin
+`/clusters` for the host's EDS health); `gray_figures` reads the replay's requests:
 
 - `hung_requests`: requests that got no complete answer before the replay's timeout;
 - `failed_requests`: requests that failed, but those the wedge itself cut mid-stream
@@ -58,7 +58,9 @@ async def inject_gray_faults(
         wedged.wedge(after_chunks=1)
         out_at = await _out_of_rotation(gateway, pool, wedged.port, until=start + faults.unwedge_s)
         await at(faults.unwedge_s)
-        wedged.unwedge()
+        # Restarted, as an operator (or a liveness probe) would: the stuck streams are cut.
+        await wedged.kill()
+        await wedged.revive()
         await at(faults.reset_s)
         resetting.reset_requests(True)
         await at(faults.reset_end_s)

@@ -83,7 +83,8 @@ class Faults:
 @dataclass(frozen=True, kw_only=True)
 class GrayFaults:
     """Scenario g2's gray failures, in seconds from the trace's start (bench/gray.py):
-    `wedge_pod` stops its streams after their first chunk from `wedge_s` to `unwedge_s`;
+    `wedge_pod` stops its streams after their first chunk from `wedge_s`, and is
+    restarted at `unwedge_s`;
     `reset_pod` resets every request from `reset_s` to `reset_end_s`; `liar` claims
     `liar_factor` times its KV cache from `liar_s` to `liar_end_s`."""
 
@@ -494,9 +495,10 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             control_plane_s=0.75 * duration_s,
         )
     elif name == "g2":
-        # d's fleet and load, with gray failures in turn (bench/gray.py): a pod wedged
-        # after its streams' first chunk from 10% to 35% of the run, another resetting
-        # every request from 40% to 60%, a third claiming 4x its KV cache from 65% on.
+        # d's fleet and load, with gray failures in turn (bench/gray.py), once the pool
+        # is in its steady state: a pod wedged after its streams' first chunk from 20% of
+        # the run and restarted at 40%, another resetting every request from 45% to 60%,
+        # a third claiming 4x its KV cache from 65% on.
         pods = _pods(h100=4)
         classes = (chat,)
         capacity = fleet_capacity(pods, classes)
@@ -505,16 +507,16 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         )
         title = (
             "gray failures (4 identical pods, Poisson at 60% of capacity; a pod wedged after"
-            " its first chunk at 10-35%, another resetting every request at 40-60%, a third"
-            " claiming 4x its KV cache from 65%)"
+            " its first chunk at 20% and restarted at 40%, another resetting every request at"
+            " 45-60%, a third claiming 4x its KV cache from 65%)"
         )
         policies = ("round_robin", "least_request", "project")
         gray = GrayFaults(
             wedge_pod="h100-0",
-            wedge_s=0.1 * duration_s,
-            unwedge_s=0.35 * duration_s,
+            wedge_s=0.2 * duration_s,
+            unwedge_s=0.4 * duration_s,
             reset_pod="h100-1",
-            reset_s=0.4 * duration_s,
+            reset_s=0.45 * duration_s,
             reset_end_s=0.6 * duration_s,
             liar="h100-2",
             liar_s=0.65 * duration_s,

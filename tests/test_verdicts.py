@@ -8,11 +8,13 @@ from collections.abc import Mapping
 import pytest
 
 from xds_server.config import RoutingConfig, parse_config
+from xds_server.sources.probe import ProbeFailure
 from xds_server.verdicts import PROBE_FIRST_S, PodVerdicts, run_probes
 from xds_server.xds.load_reports import ClusterLoad, Rates
 
 PODS = [f"10.0.0.{i}:8000" for i in range(1, 5)]
 INTERVAL_S = 0.25
+NO_ANSWER = ProbeFailure("no complete answer within 1 s", timed_out=True)
 
 
 def _config(pods: list[str] = PODS, **verdicts: object) -> RoutingConfig:
@@ -51,7 +53,8 @@ def _load(
 
 class Fleet:
     """One Envoy reporting every INTERVAL_S on a pool of four pods, each with `in_flight`
-    requests and finishing `rate` per second (as a fraction accumulated to whole ones)."""
+    requests and finishing `rate` per second (as a fraction accumulated to whole ones).
+    Every probe due is answered at once: served, unless `broken` names the pod."""
 
     def __init__(self, config: RoutingConfig) -> None:
         self.clock = Clock()
@@ -61,6 +64,10 @@ class Fleet:
             lambda: config, clock=self.clock, on_change=self._changed, observe=self.made.append
         )
         self._credit = dict.fromkeys(PODS, 0.0)
+        self.broken: set[str] = set()
+        self.failure = NO_ANSWER
+        self.suspected: list[str] = []
+        self.verdict_probes: list[str] = []
 
     def _changed(self) -> None:
         self.changes += 1
@@ -85,6 +92,14 @@ class Fleet:
                     finished[pod] = (ok, bad)
             load = _load(in_flight, finished, self.clock.now)
             self.verdicts.reported("envoy-1", {"p": load}, self.clock.now)
+            for key, _, timeout_s in self.verdicts.due_probes():
+                if key in self.judged():
+                    assert timeout_s == 5.0
+                    self.verdict_probes.append(key)
+                else:
+                    assert timeout_s == 1.0
+                    self.suspected.append(key)
+                self.verdicts.probed(key, self.failure if key in self.broken else None)
 
     def judged(self) -> dict[str, str]:
         return self.verdicts.of_pool("p")
@@ -95,22 +110,36 @@ BUSY = dict.fromkeys(PODS, 8)
 SERVING = dict.fromkeys(PODS, 16.0)
 
 
-def test_a_pod_whose_requests_stop_finishing_is_judged_stalled_within_two_seconds() -> None:
+def test_a_pod_whose_requests_stop_finishing_is_suspected_and_judged_on_its_probe() -> None:
     fleet = Fleet(_config())
     fleet.run(10, BUSY, SERVING)
-    assert fleet.judged() == {}
+    assert fleet.judged() == {} and fleet.suspected == []
+    fleet.broken.add(PODS[0])
     wedged = {**SERVING, PODS[0]: 0.0}
     elapsed = 0.0
     while not fleet.judged() and elapsed < 10:
         fleet.run(INTERVAL_S, BUSY, wedged)
         elapsed += INTERVAL_S
     assert fleet.judged() == {PODS[0]: "stalled"}
-    # 8 in flight at 0.5 s per request owe 16 completions a second: 6 in 0.4 s; and
-    # nothing finished for two requests' time: 1 s.
-    assert 1.0 <= elapsed <= 1.5
-    assert fleet.made == ["stalled"] and fleet.changes == 1
+    # 8 in flight at 0.5 s per request owe 16 completions a second: 6 in 0.4 s, and
+    # quiet for at least 0.5 s; then its probe is not answered.
+    assert elapsed <= 0.75
+    assert fleet.suspected == [PODS[0]]
+    assert fleet.made == ["stalled"]
     detail = fleet.verdicts.to_json()[0]
     assert detail["pod"] == PODS[0] and "owes" in str(detail["detail"])
+    assert "no complete answer" in str(detail["detail"])
+
+
+def test_a_suspect_whose_probe_is_served_is_cleared() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    # Finishing in cohorts, a request's time apart: it owes 8 between cohorts.
+    for _ in range(20):
+        fleet.run(0.5, BUSY, {**SERVING, PODS[0]: 0.0})
+        fleet.run(0.25, BUSY, {**SERVING, PODS[0]: 96.0})
+    assert fleet.suspected and set(fleet.suspected) == {PODS[0]}
+    assert fleet.judged() == {} and fleet.made == []
 
 
 def test_pods_serving_at_their_pace_are_not_judged_over_a_long_run() -> None:
@@ -145,14 +174,16 @@ def test_requests_finishing_in_cohorts_a_pace_apart_are_no_stall() -> None:
 def test_a_stalled_pod_stays_out_until_a_probe_says_it_serves() -> None:
     fleet = Fleet(_config())
     fleet.run(10, BUSY, SERVING)
+    fleet.broken.add(PODS[0])
     fleet.run(3, BUSY, {**SERVING, PODS[0]: 0.0})
     assert fleet.judged() == {PODS[0]: "stalled"}
     # Its requests leave (clients giving up look the same as completions): no evidence.
     fleet.run(3, BUSY, SERVING)
     assert fleet.judged() == {PODS[0]: "stalled"}
+    changes = fleet.changes
     fleet.verdicts.probed(PODS[0], None)
     assert fleet.judged() == {}
-    assert fleet.changes == 2
+    assert fleet.changes == changes + 1
 
 
 def test_a_pod_failing_most_of_its_requests_is_judged_failing() -> None:
@@ -173,6 +204,7 @@ def test_a_few_failures_among_successes_are_not_a_verdict() -> None:
 def test_at_most_half_a_pool_is_judged_and_a_pool_of_one_never() -> None:
     fleet = Fleet(_config())
     fleet.run(10, BUSY, SERVING)
+    fleet.broken.update(PODS)
     fleet.run(5, BUSY, {**SERVING, PODS[0]: 0.0, PODS[1]: 0.0, PODS[2]: 0.0})
     assert len(fleet.judged()) == 2
     alone = Fleet(_config([PODS[0]]))
@@ -196,17 +228,17 @@ def test_probes_are_due_after_a_verdict_back_off_and_lift_it() -> None:
     verdicts = fleet.verdicts
     assert verdicts.due_probes() == []
     fleet.clock.now += PROBE_FIRST_S
-    assert verdicts.due_probes() == [(PODS[0], "m")]
+    assert verdicts.due_probes() == [(PODS[0], "m", 5.0)]
     # Being probed: not due again until it is told how the probe went.
     assert verdicts.due_probes() == [] and verdicts.next_probe_at() is None
     intervals = []
     for _ in range(4):
-        verdicts.probed(PODS[0], "HTTP 500")
+        verdicts.probed(PODS[0], ProbeFailure("HTTP 500"))
         next_at = verdicts.next_probe_at()
         assert next_at is not None
         intervals.append(next_at - fleet.clock.now)
         fleet.clock.now = next_at
-        assert verdicts.due_probes() == [(PODS[0], "m")]
+        assert verdicts.due_probes() == [(PODS[0], "m", 5.0)]
     assert intervals == [2.0, 4.0, 4.0, 4.0]
     verdicts.probed(PODS[0], None)
     assert fleet.judged() == {}
@@ -225,11 +257,15 @@ def test_an_envoy_that_goes_away_no_longer_holds_requests_in_flight() -> None:
     assert fleet.judged() == {}
 
 
-@pytest.mark.parametrize("outcome", [None, "HTTP 503"])
-async def test_run_probes_probes_a_judged_pod_and_reports_back(outcome: str | None) -> None:
+@pytest.mark.parametrize("outcome", [None, ProbeFailure("HTTP 503")])
+async def test_run_probes_probes_a_judged_pod_and_reports_back(
+    outcome: ProbeFailure | None,
+) -> None:
     fleet = Fleet(_config())
     fleet.run(10, BUSY, SERVING)
-    fleet.run(3, BUSY, {**SERVING, PODS[0]: 0.0})
+    fleet.broken.add(PODS[0])
+    while not fleet.judged():
+        fleet.run(INTERVAL_S, BUSY, {**SERVING, PODS[0]: 0.0})
     assert fleet.judged() == {PODS[0]: "stalled"}
     due = fleet.verdicts.next_probe_at()
     assert due is not None
@@ -237,7 +273,9 @@ async def test_run_probes_probes_a_judged_pod_and_reports_back(outcome: str | No
     probed: list[tuple[str, int, str]] = []
     done = asyncio.Event()
 
-    async def probe(host: str, port: int, model: str, *, timeout_s: float) -> str | None:
+    async def probe(
+        host: str, port: int, model: str, *, timeout_s: float
+    ) -> ProbeFailure | None:
         probed.append((host, port, model))
         done.set()
         return outcome
@@ -257,21 +295,21 @@ async def test_run_probes_probes_a_judged_pod_and_reports_back(outcome: str | No
 def test_a_pod_slower_per_request_than_its_peers_gains_slowness_and_loses_it_after() -> None:
     fleet = Fleet(_config())
     fleet.run(10, BUSY, SERVING)
-    # Three times its peers' time per request: a step once that shows over the last 2 s
-    # and has lasted 3 s, then one every 3 s.
+    # Three times its peers' time per request: a step once that shows over the last
+    # seconds and has lasted 1.5 s, then one every 1.5 s.
     slow = {**SERVING, PODS[3]: 16.0 / 3}
     elapsed = 0.0
     while not fleet.verdicts.slowness_of_pool("p"):
         fleet.run(INTERVAL_S, BUSY, slow)
         elapsed += INTERVAL_S
         assert elapsed < 10
-    assert 3.0 <= elapsed <= 6.0
+    assert 1.5 <= elapsed <= 4.0
     assert fleet.verdicts.slowness_of_pool("p") == {PODS[3]: 1}
     changes = fleet.changes
     fleet.run(30, BUSY, slow)
     assert fleet.verdicts.slowness_of_pool("p") == {PODS[3]: 4}
     assert fleet.changes == changes + 3
-    # At its peers' pace again (as it shows over 2 s): a step less a minute.
+    # At its peers' pace again (as it shows over a second): a step less a minute.
     fleet.run(59, BUSY, SERVING)
     assert fleet.verdicts.slowness_of_pool("p") == {PODS[3]: 4}
     fleet.run(4, BUSY, SERVING)
@@ -283,3 +321,12 @@ def test_a_little_slower_is_no_slowness() -> None:
     fleet = Fleet(_config())
     fleet.run(60, BUSY, {**SERVING, PODS[3]: 16.0 / 1.4})
     assert fleet.verdicts.slowness_of_pool("p") == {}
+
+
+def test_a_suspect_whose_probe_is_refused_is_judged_failing() -> None:
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    fleet.broken.add(PODS[0])
+    fleet.failure = ProbeFailure("ClientOSError: connection reset by peer")
+    fleet.run(2, BUSY, {**SERVING, PODS[0]: 0.0})
+    assert fleet.judged() == {PODS[0]: "failing"}

@@ -111,14 +111,15 @@ class XdsApplication:
             credentials=self._tls.channel_credentials if self._tls is not None else None,
             server_name=settings.tls.peer_server_name if settings.tls is not None else None,
         )
-        # Pods judged by what the Envoys report of them; a verdict decides at once, and
-        # wakes the probes.
+        # Pods judged by what the Envoys report of them; a verdict decides at once, and a
+        # verdict or a suspicion wakes the probes.
         self._probe_wake = asyncio.Event()
         self.verdicts = PodVerdicts(
             lambda: self.controller.config,
             clock=clock,
             on_change=self._verdicts_changed,
             observe=lambda reason: self.telemetry.pod_verdicts.labels(reason).inc(),
+            wake=self._probe_wake.set,
         )
         self.load_reports.observe(self.verdicts)
         self.envoy_load = EnvoyLoad(

@@ -276,23 +276,24 @@ class UpstreamConfig(_Strict):
 class VerdictsConfig(_Strict):
     """Pods judged by what the Envoys see of them (LRS), not only by their metrics pages.
 
-    A pod is `stalled` when it owes `stall_after_owed` completions: its requests in flight,
-    over time, divided by how long its pool's other pods take per request (Little's law on
-    the same reports), with none finished since; a pod with few requests is given as long
-    as its work needs. It is `failing` when at least `min_failures` of its recent requests
-    failed (resets, connect failures, 5xx) and those are `failure_ratio` of what it
-    finished. Either takes it out of rotation (UNHEALTHY) at the next decision. It comes
-    back when a request of its finishes (stalled only) or when a probe does: a two-token
-    streamed completion of its pool's first model, sent by the server, finished within
-    `probe_timeout_s`; probes start one second after the verdict and back off to
-    `probe_max_interval_s`. GPU-aware pools only (the others have no decisions to change).
+    A pod is suspected stalled when it owes `stall_after_owed` completions: its requests
+    in flight, over time, divided by how long its pool's other pods take per request
+    (Little's law on the same reports), with none finished since; the server then sends it
+    a probe (a two-token streamed completion of its pool's first model), and one not
+    served within `confirm_timeout_s` makes it `stalled`. It is `failing` when at least
+    `min_failures` of its recent requests failed (resets, connect failures, 5xx) and those
+    are `failure_ratio` of what it finished. Either takes it out of rotation (UNHEALTHY)
+    at the next decision, until a probe is served within `probe_timeout_s`; probes start
+    one second after the verdict and back off to `probe_max_interval_s`. GPU-aware pools
+    only (the others have no decisions to change).
     """
 
     enabled: bool = True
-    stall_after_owed: Annotated[float, Field(ge=1, le=1000)] = 6.0
+    stall_after_owed: Annotated[float, Field(ge=1, le=1000)] = 3.0
     failure_ratio: Annotated[float, Field(gt=0, le=1)] = 0.5
     min_failures: Annotated[int, Field(ge=1, le=100_000)] = 5
     probe_timeout_s: Annotated[float, Field(gt=0, le=300)] = 5.0
+    confirm_timeout_s: Annotated[float, Field(gt=0, le=300)] = 1.0
     probe_max_interval_s: Annotated[float, Field(ge=1, le=3600)] = 30.0
 
 
@@ -327,6 +328,9 @@ class BalancingConfig(_Strict):
     max_capacity_ratio: Annotated[float, Field(ge=2, le=1e6)] = 16.0
     # A pod whose last good metrics are older than this leaves rotation until they resume.
     stale_after_s: Annotated[float, Field(gt=0, le=600)] = 2.0
+    # A pod whose engine runs requests and has processed no token (prefill or generation,
+    # by its own counters: vLLM, SGLang) for this long leaves rotation until they move.
+    stall_after_s: Annotated[float, Field(gt=0, le=600)] = 1.0
     # When every pod of a pool is stale: keep routing on the last weights ("fail_open") or
     # answer 503 ("fail_closed").
     all_stale: Literal["fail_open", "fail_closed"] = "fail_open"

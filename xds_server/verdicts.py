@@ -17,27 +17,28 @@ those still in flight; less the failures, it is what completed.
   `in flight x interval / L`, where L is the time a request takes on the pool's other pods
   (Little's law: their requests in flight over time, divided by their completions, over
   the last DECAY_S): what it should have finished in that time if it served like its
-  peers. Any request it finishes clears the debt. Owing `stall_after_owed` completions
-  (config.VerdictsConfig), and having finished nothing for QUIET_PACES times L, is the
-  verdict. Debt alone would do if completions were as random as a Poisson stream (a pod
-  at its peers' pace owes 6 with odds of e^-6 per gap), but requests of one size started
-  together finish together, a request's time apart (seen with 32 clients of identical
-  requests: healthy pods owed 6 to 10 between cohorts), hence the second bound. A pod
-  with one long request is given as long as its peers take for one (times the
-  threshold); L is also at least the pod's own recent time per request, so a slower GPU
-  of a mixed pool is judged by its own pace, and a pod with fewer than
-  MIN_STALLED_IN_FLIGHT requests in flight is never judged stalled.
+  peers. Any request it finishes clears the debt; L is at least the pod's own time per
+  request as of its last completion, so a slower GPU of a mixed pool is judged by its own
+  pace. Owing `stall_after_owed` completions (config.VerdictsConfig) with at least
+  MIN_STALLED_IN_FLIGHT requests in flight makes the pod a suspect, no more: requests of
+  one size started together finish together, a request's time apart (with 32 clients of
+  identical requests, healthy pods owed 6 to 10 between cohorts), and one long
+  generation keeps a pod quiet as long. A suspect is probed at once (below): a probe not
+  served within `confirm_timeout_s` is the verdict, a probe served clears the debt.
 - **failing**: of its requests finished over the last FAILURE_DECAY_S, at least
   `min_failures` failed and they are `failure_ratio` of all (resets, connect failures,
   5xx: Envoy counts each try, so a retried request counts on the pod that failed it).
 
 - **slowness**, no verdict but a measure: a pod whose requests take SLOW_RATIO times
-  its peers' (over the last SLOW_DECAY_S) gains a step every SLOW_STEP_S while that
-  lasts (up to MAX_SLOW_STEPS), and loses one every SLOW_RECOVERY_S it does not. The
-  policy halves, per step, the KV capacity such a pod claims when it claims more than
-  its peers (policy/scoring.py): a pod claiming four times the cache it has takes the
-  traffic of four until its queue shows, then what it serves at its peers' pace. A pod
-  slower for being smaller claims less, and keeps its claim.
+  its peers' (over the last SLOW_DECAY_S) gains a step once that lasted SLOW_STEP_S and
+  one every SLOW_STEP_S after (up to MAX_SLOW_STEPS), and loses one every
+  SLOW_RECOVERY_S it does not: slowness is remembered for minutes. (Over one second, a
+  pool of four honest pods at 60% load showed some slowness most of the time: the
+  window and the wait are what keep them at none.) While a pod has any,
+  the policy believes no more of the KV capacity it claims than the median of its
+  peers' claims (policy/scoring.py): a pod claiming four times the cache it has takes
+  the traffic of four until its requests slow down, a few seconds, then its share. A
+  pod slower for being smaller claims less, and keeps its claim.
 
 At most half a pool's pods are judged at once (as Envoy ejects at most half a pool): when
 more look stalled or failing, the fault is not theirs alone (a pace misjudged, a request
@@ -46,10 +47,9 @@ every pod fails), and a pool of one is never judged.
 A verdict takes the pod out of rotation at the next decision (fleet_load.py hands the
 verdicts to the policy as load; policy/scoring.py). It comes back when a probe succeeds
 (a request leaving its count in flight is no evidence: a client that gave up on a stuck
-stream leaves it too): the
-server sends it a two-token streamed completion of its pool's first model and wants it
-finished within `probe_timeout_s` (sources/probe.py). Probes start PROBE_FIRST_S after the
-verdict and back off, doubling, to `probe_max_interval_s`.
+stream leaves it too): the server sends it a two-token streamed completion of its pool's
+first model and wants it finished within `probe_timeout_s` (sources/probe.py). Probes
+start PROBE_FIRST_S after the verdict and back off, doubling, to `probe_max_interval_s`.
 
 Verdicts are this replica's own: each replica hears only its own Envoys' reports. A pod
 that fails its requests is judged by every replica whose Envoys send it any.
@@ -69,9 +69,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from xds_server.clock import Clock
-from xds_server.config import RoutingConfig
+from xds_server.config import RoutingConfig, VerdictsConfig
 from xds_server.policy.scoring import endpoint_id
-from xds_server.sources.probe import probe_completion
+from xds_server.sources.probe import ProbeFailure, probe_completion
 from xds_server.xds.load_reports import ClusterLoad
 
 __all__ = ["PROBE_FIRST_S", "PodVerdicts", "Probe", "Verdict", "run_probes"]
@@ -85,18 +85,17 @@ DECAY_S = 10.0
 FAILURE_DECAY_S = 1.0
 # Completions a pool's other pods must have finished (decayed) before L is trusted.
 MIN_PEER_COMPLETIONS = 3.0
-# A stalled pod has also finished nothing for this many times its pool's time per
-# request: requests of one size finish in cohorts, a request's time apart.
-QUIET_PACES = 2.0
+# A suspected pod has also finished nothing for at least this long (a report or two).
+MIN_QUIET_S = 0.5
 # Fewer requests in flight than this are never a stall: one long generation among short
 # ones keeps a pod quiet for many times its pool's pace.
 MIN_STALLED_IN_FLIGHT = 3
 # Slowness (module docstring): measured over this long, a pod this many times slower
 # per request than its peers gains a step every SLOW_STEP_S, up to MAX_SLOW_STEPS, and
 # loses one every SLOW_RECOVERY_S it is not.
-SLOW_DECAY_S = 2.0
+SLOW_DECAY_S = 3.0
 SLOW_RATIO = 1.5
-SLOW_STEP_S = 3.0
+SLOW_STEP_S = 1.5
 SLOW_RECOVERY_S = 60.0
 MAX_SLOW_STEPS = 4
 # The first probe of a judged pod, after its verdict.
@@ -159,6 +158,9 @@ class _Pod:
     next_probe_at: float = 0.0
     probe_interval_s: float = PROBE_FIRST_S
     probing: bool = False
+    # Suspected stalled since (None: not): a probe with the confirmation bound decides.
+    suspected_at: float | None = None
+    suspicion: str = ""
 
 
 @dataclass
@@ -185,16 +187,19 @@ class PodVerdicts:
         clock: Clock,
         on_change: Callable[[], None] = lambda: None,
         observe: Callable[[str], None] = lambda reason: None,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self._config = config
         self._clock = clock
         self._on_change = on_change
+        self._wake = wake
         self._observe = observe
         self._pods: dict[str, _Pod] = {}
         self._pools: dict[str, _Pool] = {}
         self._configured: RoutingConfig | None = None
-        # Per Envoy, the pods it reported requests in flight on last.
+        # Per Envoy, the pods it reported requests in flight on last, and when.
         self._reported: dict[str, set[str]] = {}
+        self._last_report: dict[str, float] = {}
         # Grows whenever a verdict is made or lifted.
         self.revision = 0
 
@@ -238,13 +243,19 @@ class PodVerdicts:
         config = self._sync()
         if config is None or not self._pods:
             return
+        # The time its requests in flight stood for: since this Envoy's last report (a
+        # cluster's own interval runs from its last report, which may be many ago).
+        last = self._last_report.get(node_id)
+        self._last_report[node_id] = now
+        interval = min((load.interval_s for load in loads.values()), default=0.0)
+        dt = interval if last is None else min(now - last, 4 * interval or now - last)
         # Per pod: in flight, in flight x seconds, issued, failed.
         seen: dict[str, list[float]] = {}
         for load in loads.values():
             for key, count in load.by_endpoint.items():
                 figures = seen.setdefault(key, [0, 0.0, 0, 0])
                 figures[0] += count
-                figures[1] += count * load.interval_s
+                figures[1] += count * dt
             for key, (sent, failures) in load.issued_by_endpoint.items():
                 figures = seen.setdefault(key, [0, 0.0, 0, 0])
                 figures[2] += sent
@@ -292,6 +303,7 @@ class PodVerdicts:
 
     def closed(self, node_id: str) -> None:
         """An Envoy's load reports stopped: its requests in flight no longer count."""
+        self._last_report.pop(node_id, None)
         for key in self._reported.pop(node_id, set()):
             pod = self._pods.get(key)
             if pod is not None:
@@ -313,12 +325,17 @@ class PodVerdicts:
         """One step more of slowness every SLOW_STEP_S the pod takes SLOW_RATIO times its
         peers' time per request (over the last SLOW_DECAY_S), up to MAX_SLOW_STEPS; one
         step less every SLOW_RECOVERY_S it does not. True when the steps changed."""
+        if (
+            pod.done.value(now) < MIN_PEER_COMPLETIONS
+            or pool.done.value(now) - pod.done.value(now) < MIN_PEER_COMPLETIONS
+        ):
+            return False
+        # Over the last second or so: a pod that finished none has taken at least all of
+        # its time in flight for one.
         done = pod.recent_done.value(now)
         peers_done = pool.recent_done.value(now) - done
-        if done < MIN_PEER_COMPLETIONS or peers_done < MIN_PEER_COMPLETIONS:
-            return False
-        own = pod.recent_busy.value(now) / done
-        peers = (pool.recent_busy.value(now) - pod.recent_busy.value(now)) / peers_done
+        own = pod.recent_busy.value(now) / max(1.0, done)
+        peers = (pool.recent_busy.value(now) - pod.recent_busy.value(now)) / max(1.0, peers_done)
         if own > SLOW_RATIO * peers:
             if pod.slow_since is None:
                 pod.slow_since = now
@@ -345,27 +362,34 @@ class PodVerdicts:
         self, key: str, pod: _Pod, now: float, pace: float | None, config: RoutingConfig
     ) -> bool:
         settings = config.verdicts
-        judged = sum(1 for p in self._pods.values() if p.pool == pod.pool and p.verdict)
-        if judged + 1 > self._pools[pod.pool].size // 2:
+        if not self._may_judge(pod):
             return False
         in_flight = sum(pod.in_flight.values())
-        quiet_s = now - pod.quiet_since
         if (
             pace is not None
+            and pod.suspected_at is None
             and in_flight >= MIN_STALLED_IN_FLIGHT
             and pod.owed >= settings.stall_after_owed
-            and quiet_s >= QUIET_PACES * pace
+            and now - pod.quiet_since >= MIN_QUIET_S
         ):
-            detail = (
+            # Suspected: a probe, due now, confirms it (probed) or clears it.
+            pod.suspected_at = pod.next_probe_at = now
+            pod.suspicion = (
                 f"owes {pod.owed:.1f} completions at its pool's pace ({pace:.2f} s a request),"
-                f" none finished for {quiet_s:.1f} s, {in_flight} in flight"
+                f" {in_flight} in flight"
             )
-            return self._make(key, pod, "stalled", now, detail)
+            self._wake()
+            return False
         failed, ok = pod.recent_failed.value(now), pod.recent_ok.value(now)
         if failed >= settings.min_failures and failed >= settings.failure_ratio * (failed + ok):
             detail = f"{failed:.0f} of its last {failed + ok:.0f} requests failed"
             return self._make(key, pod, "failing", now, detail)
         return False
+
+    def _may_judge(self, pod: _Pod) -> bool:
+        """Whether one more of the pod's pool may be judged (at most half of it)."""
+        judged = sum(1 for p in self._pods.values() if p.pool == pod.pool and p.verdict)
+        return judged + 1 <= self._pools[pod.pool].size // 2
 
     def _make(self, key: str, pod: _Pod, reason: Reason, now: float, detail: str) -> bool:
         pod.verdict = Verdict(reason=reason, since=now, detail=detail)
@@ -397,35 +421,51 @@ class PodVerdicts:
 
     # -- probes -----------------------------------------------------------------------------
 
-    def due_probes(self) -> list[tuple[str, str]]:
-        """The judged pods whose probe is due now, as (endpoint id, model); each is marked
-        as being probed until `probed` says how it went."""
-        self._sync()
+    def due_probes(self) -> list[tuple[str, str, float]]:
+        """The probes due now, as (endpoint id, model, timeout): of judged pods, and of
+        suspected ones (within `confirm_timeout_s`); each pod is marked as being probed
+        until `probed` says how it went."""
+        config = self._sync()
         now = self._clock()
+        settings = config.verdicts if config is not None else VerdictsConfig()
         due = []
         for key, pod in self._pods.items():
-            if pod.verdict is not None and not pod.probing and pod.next_probe_at <= now:
+            if (pod.verdict or pod.suspected_at) and not pod.probing and pod.next_probe_at <= now:
                 pod.probing = True
-                due.append((key, pod.model))
+                timeout = (
+                    settings.probe_timeout_s if pod.verdict else settings.confirm_timeout_s
+                )
+                due.append((key, pod.model, timeout))
         return due
 
-    def probe_timeout_s(self) -> float:
-        config = self._configured
-        return config.verdicts.probe_timeout_s if config is not None else 5.0
-
     def next_probe_at(self) -> float | None:
-        """When the next probe is due (None: no pod is judged)."""
+        """When the next probe is due (None: no pod is judged or suspected)."""
         times = [
-            p.next_probe_at for p in self._pods.values() if p.verdict is not None and not p.probing
+            p.next_probe_at
+            for p in self._pods.values()
+            if (p.verdict or p.suspected_at) and not p.probing
         ]
         return min(times, default=None)
 
-    def probed(self, key: str, failure: str | None) -> None:
-        """The probe of pod `key` finished: `failure` says why it failed (None: it served)."""
+    def probed(self, key: str, failure: ProbeFailure | None) -> None:
+        """The probe of pod `key` finished: `failure` says why it failed (None: it served).
+        A suspect's probe that timed out makes it stalled; one that failed otherwise (a
+        reset, an error status), failing."""
         pod = self._pods.get(key)
         if pod is None:
             return
         pod.probing = False
+        if pod.verdict is None and pod.suspected_at is not None:
+            # A suspicion, confirmed or cleared.
+            pod.suspected_at = None
+            now = self._clock()
+            if failure is None:
+                pod.owed, pod.quiet_since = 0.0, now
+            elif self._may_judge(pod):
+                detail = f"{pod.suspicion}; a probe: {failure}"
+                self._make(key, pod, "stalled" if failure.timed_out else "failing", now, detail)
+                self._changed()
+            return
         if pod.verdict is None:
             return
         if failure is None:
@@ -476,7 +516,7 @@ class PodVerdicts:
 
 
 # host, port, model, timeout -> None when served, else why not (sources/probe.py).
-Probe = Callable[..., Awaitable[str | None]]
+Probe = Callable[..., Awaitable[ProbeFailure | None]]
 
 
 async def run_probes(
@@ -487,20 +527,20 @@ async def run_probes(
     judged: it waits on `wake` alone."""
     running: set[asyncio.Task[None]] = set()
 
-    async def one(key: str, model: str) -> None:
+    async def one(key: str, model: str, timeout_s: float) -> None:
         host, _, port = key.rpartition(":")
         try:
-            failure = await probe(host, int(port), model, timeout_s=verdicts.probe_timeout_s())
+            failure = await probe(host, int(port), model, timeout_s=timeout_s)
         except Exception as error:  # a probe must never stop the others
-            failure = f"{type(error).__name__}: {error}"
+            failure = ProbeFailure(f"{type(error).__name__}: {error}")
         verdicts.probed(key, failure)
         wake.set()
 
     try:
         while True:
             wake.clear()
-            for key, model in verdicts.due_probes():
-                task = asyncio.create_task(one(key, model), name=f"probe {key}")
+            for key, model, timeout_s in verdicts.due_probes():
+                task = asyncio.create_task(one(key, model, timeout_s), name=f"probe {key}")
                 running.add(task)
                 task.add_done_callback(running.discard)
             next_at = verdicts.next_probe_at()

@@ -109,6 +109,8 @@ class LogicalMetric(enum.StrEnum):
     LORA_INFO = "lora_info"
     PREFIX_CACHE_HITS = "prefix_cache_hits"
     PREFIX_CACHE_QUERIES = "prefix_cache_queries"
+    PROMPT_TOKENS = "prompt_tokens"
+    GENERATION_TOKENS = "generation_tokens"
 
 
 _REQUIRED = (LogicalMetric.WAITING, LogicalMetric.RUNNING)
@@ -164,6 +166,9 @@ class PodMetrics:
     max_lora: int | None = None
     prefix_cache_hits_tokens: float | None = None
     prefix_cache_queries_tokens: float | None = None
+    # Tokens the engine prefilled and generated, cumulative (None when not exported): an
+    # engine that runs requests and moves neither is stuck, whatever else its page says.
+    tokens_processed: float | None = None
 
 
 def _n(name: str, **labels: str) -> tuple[MetricName, ...]:
@@ -192,6 +197,8 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
             MetricName("vllm:prefix_cache_queries_total"),
             MetricName("vllm:gpu_prefix_cache_queries_total"),
         ),
+        _L.PROMPT_TOKENS: _n("vllm:prompt_tokens_total"),
+        _L.GENERATION_TOKENS: _n("vllm:generation_tokens_total"),
     },
     EngineKind.SGLANG: {
         _L.WAITING: _n("sglang:num_queue_reqs"),
@@ -201,6 +208,8 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         # Cached prompt tokens out of all prompt tokens: the same ratio as vLLM's pair.
         _L.PREFIX_CACHE_HITS: _n("sglang:cached_tokens_total"),
         _L.PREFIX_CACHE_QUERIES: _n("sglang:prompt_tokens_total"),
+        _L.PROMPT_TOKENS: _n("sglang:prompt_tokens_total"),
+        _L.GENERATION_TOKENS: _n("sglang:generation_tokens_total"),
     },
     EngineKind.TGI: {
         _L.WAITING: _n("tgi_queue_size"),
@@ -294,6 +303,10 @@ class EngineAdapter:
             prefix_cache_queries_tokens=_counter(
                 LogicalMetric.PREFIX_CACHE_QUERIES,
                 found.get(LogicalMetric.PREFIX_CACHE_QUERIES, none),
+            ),
+            tokens_processed=_sum_known(
+                _counter(metric, found.get(metric, none))
+                for metric in (LogicalMetric.PROMPT_TOKENS, LogicalMetric.GENERATION_TOKENS)
             ),
         )
 
@@ -457,6 +470,12 @@ def _counter(metric: LogicalMetric, samples: list[Sample]) -> float | None:
     total = sum(s.value for s in samples)  # not fsum: it raises on overflow
     _not_negative(total, f"{samples[0].name} ({metric.value})", "not a token count")
     return total
+
+
+def _sum_known(values: Iterable[float | None]) -> float | None:
+    """The sum of the values that are known, None when none is."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
 
 
 def _label_product(first: str, second: str) -> float | None:

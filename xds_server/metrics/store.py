@@ -1,6 +1,6 @@
 """The latest word from every pod, how old it is, and how its scrapes have been failing.
 
-The scraper writes here; the policy reads an immutable `snapshot(now)`. Three things are
+The scraper writes here; the policy reads an immutable `snapshot(now)`. Four things are
 kept per pod (a string id such as "10.0.0.1:8000"):
 
 - the last `PodMetrics` and the monotonic time of the last successful scrape. A failed
@@ -10,6 +10,8 @@ kept per pod (a string id such as "10.0.0.1:8000"):
 - the current error streak: how many scrapes in a row failed, since when, the first and
   the last message. The scraper logs once per streak, so it asks the store whether an error
   starts a streak and whether a success ends one;
+- whether the engine makes progress: its cumulative tokens (prefilled and generated),
+  and since when, while it ran requests, they have not moved (`stalled_s`);
 - the prefix-cache hit rate. Engines export cumulative token counters (hits, queries), and
   a lifetime ratio says little about what the cache holds now, so the rate is the ratio of
   the counters' increases over an exponentially decaying window: each scrape adds its
@@ -72,6 +74,9 @@ class PodObservation:
     silent_s: float = 0.0
     # The last scrape could not connect at all (ErrorStreak.down).
     down: bool = False
+    # How long, by its scrapes, the engine has run requests without processing a token
+    # (prefill or generation); 0 when it moved or ran nothing at the last scrape.
+    stalled_s: float = 0.0
 
 
 class _Pod:
@@ -81,6 +86,8 @@ class _Pod:
         "hits",
         "hits_window",
         "metrics",
+        "progress",
+        "progress_at",
         "queries",
         "queries_window",
         "rate",
@@ -99,6 +106,10 @@ class _Pod:
         self.hits_window = 0.0  # decayed sums of the increases
         self.queries_window = 0.0
         self.rate: float | None = None
+        # The engine's tokens processed at the last scrape, and when they last moved (or
+        # it ran nothing, or does not say).
+        self.progress: float | None = None
+        self.progress_at = 0.0
 
 
 class MetricsStore:
@@ -138,12 +149,16 @@ class MetricsStore:
         pod = self._pods.get(pod_id)
         if pod is None:
             pod = self._pods[pod_id] = _Pod()
-        before = (pod.metrics, pod.rate)
+        before = (pod.metrics, pod.rate, _stalled_s(pod))
         ended, pod.streak = pod.streak, None
+        tokens = metrics.tokens_processed
+        if tokens is None or metrics.running == 0 or tokens != pod.progress:
+            pod.progress_at = now
+        pod.progress = tokens
         pod.metrics = metrics
         pod.scraped_at = now
         self._update_rate(pod, metrics, now)
-        if ended is not None or before != (metrics, pod.rate):
+        if ended is not None or before != (metrics, pod.rate, _stalled_s(pod)):
             self.revision += 1
         return ended
 
@@ -209,6 +224,14 @@ class MetricsStore:
         pod.hits, pod.queries, pod.rate_at = hits, queries, now
 
 
+def _stalled_s(pod: _Pod) -> float:
+    """From the scrape its engine's tokens last moved (while it ran requests) to the last
+    scrape: like `silent_s`, it grows only with scrapes, not with this server's stalls."""
+    if pod.scraped_at is None:
+        return 0.0
+    return max(0.0, pod.scraped_at - pod.progress_at)
+
+
 def _observe(pod: _Pod, now: float) -> PodObservation:
     streak = pod.streak
     silent_s = 0.0
@@ -224,4 +247,5 @@ def _observe(pod: _Pod, now: float) -> PodObservation:
         last_error=None if streak is None else streak.last_error,
         silent_s=silent_s,
         down=streak is not None and streak.down,
+        stalled_s=_stalled_s(pod),
     )

@@ -58,7 +58,7 @@ class PoolLoad:
     # rotation whatever their metrics say (verdicts.py).
     verdicts: Mapping[str, str] = field(default_factory=dict)
     # Pods slower per request than their peers (endpoint id -> steps of slowness): the KV
-    # capacity they claim beyond their peers' is believed half as much per step.
+    # capacity they claim beyond their peers' is not believed.
     slowness: Mapping[str, int] = field(default_factory=dict)
 
 

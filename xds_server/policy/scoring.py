@@ -172,6 +172,8 @@ class PodSignals:
     prefix_hit_rate: float | None = None
     down: bool = False
     scraped: bool = True
+    # How long the engine has run requests without processing a token (its own counters).
+    stalled_s: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,6 +253,23 @@ def _unbelieved_capacities(
     return unbelieved
 
 
+def _stuck(
+    keys: Set[str], signals: Mapping[str, PodSignals], settings: BalancingConfig
+) -> dict[str, str]:
+    """The pods whose engine ran requests and processed no token for `stall_after_s` by
+    its own counters: "stalled", out of rotation until its tokens move again. Engines
+    count a prompt's tokens when its prefill ends, so a pod prefilling a long prompt
+    alone moves none for seconds: `keys` leaves out those known to (long prompts). When
+    half the pool or more looks so, the counters are not believed (a pool does not wedge
+    all at once; an exporter can)."""
+    stuck = {
+        key: "stalled"
+        for key in keys
+        if (s := signals.get(key)) is not None and s.stalled_s >= settings.stall_after_s
+    }
+    return stuck if len(stuck) * 2 < len(keys) else {}
+
+
 def _capacities(
     endpoints: tuple[EndpointConfig, ...],
     signals: Mapping[str, PodSignals],
@@ -263,9 +282,9 @@ def _capacities(
 
     Capacity is measured, not only believed: a pod that claims a larger KV cache than the
     median of the pool's other claims, and whose requests take longer than its peers'
-    (`slowness`, from the Envoys' reports: verdicts.py), has its claim halved per step of
-    slowness, down to that median at most. A larger pod that serves at its peers' pace
-    keeps its claim; a liar keeps what it has shown it serves."""
+    (`slowness`, from the Envoys' reports: verdicts.py), counts as that median while it
+    has any slowness. A larger pod that serves at its peers' pace keeps its claim; a liar
+    gets its peers' share, which is what it has shown it serves."""
     raw: dict[str, float | None] = {}
     for endpoint in endpoints:
         key = endpoint_id(endpoint)
@@ -275,14 +294,12 @@ def _capacities(
             raw[key] = float(s.kv_capacity_tokens)
         else:
             raw[key] = None
-    claims = sorted(v for k, v in raw.items() if v is not None and k not in slowness)
+    claimed_by = {k: v for k, v in raw.items() if v is not None}
     for key, steps in slowness.items():
-        claimed = raw.get(key)
-        if claimed is None or not claims:
-            continue
-        median = statistics.median(claims)
-        if claimed > median:
-            raw[key] = max(median, claimed * 0.5**steps)
+        claimed = claimed_by.get(key)
+        others = [v for k, v in claimed_by.items() if k != key]
+        if claimed is not None and others and steps > 0:
+            raw[key] = min(claimed, statistics.median(others))
     known = [v for v in raw.values() if v is not None]
     top = max(known, default=1.0)
     return {key: 1.0 if value is None else value / top for key, value in raw.items()}
@@ -422,10 +439,12 @@ def score_pool(
     `long_prompts` the long prompts in flight per endpoint id; `verdicts` the pods the
     Envoys' reports show stalled or failing (by endpoint id: the reason), which are out of
     rotation like a pod known to be down; `slowness` the pods slower per request than
-    their peers (steps), whose claims beyond their peers' are cut (`_capacities`). Pure:
+    their peers (steps), whose claims beyond their peers' are not believed
+    (`_capacities`). Pure:
     the same inputs give the same output.
     """
     keys = {endpoint_id(e) for e in pool.endpoints}
+    verdicts = {**_stuck(keys - long_prompts.keys(), signals, settings), **verdicts}
     down = {key for key, s in signals.items() if s.down} | (verdicts.keys() & keys)
     fresh = {
         key: s

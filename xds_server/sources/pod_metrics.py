@@ -92,6 +92,7 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
         max_adapters=metrics.max_lora,
         recent_adapters=metrics.lora_recent,
         prefix_hit_rate=observation.prefix_hit_rate,
+        stalled_s=observation.stalled_s,
     )
 
 

@@ -9,16 +9,31 @@ timeout; an answer that starts and stops is the fault the verdict was for.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import aiohttp
 
-__all__ = ["probe_completion"]
+__all__ = ["ProbeFailure", "probe_completion"]
 
 # The most bytes of a probe's answer read: two tokens' events are a few hundred.
 _MAX_ANSWER_BYTES = 64 << 10
 
 
-async def probe_completion(host: str, port: int, model: str, *, timeout_s: float) -> str | None:
+@dataclass(frozen=True)
+class ProbeFailure:
+    """Why a probe was not served: `timed_out` (no complete answer in time: a stalled
+    pod), else an error (a status, a reset, a refused connection: a failing one)."""
+
+    detail: str
+    timed_out: bool = False
+
+    def __str__(self) -> str:
+        return self.detail
+
+
+async def probe_completion(
+    host: str, port: int, model: str, *, timeout_s: float
+) -> ProbeFailure | None:
     """None when the pod at host:port served a two-token streamed completion of `model`
     within `timeout_s`, else why not."""
     body = {"model": model, "prompt": "ping", "max_tokens": 2, "stream": True}
@@ -27,16 +42,16 @@ async def probe_completion(host: str, port: int, model: str, *, timeout_s: float
         async with asyncio.timeout(timeout_s), aiohttp.ClientSession() as session:
             async with session.post(url, json=body) as response:
                 if response.status != 200:
-                    return f"HTTP {response.status}"
+                    return ProbeFailure(f"HTTP {response.status}")
                 answer = b""
                 async for chunk in response.content.iter_any():
                     answer += chunk
                     if b"[DONE]" in answer:
                         return None
                     if len(answer) > _MAX_ANSWER_BYTES:
-                        return "an answer longer than two tokens"
-                return "the stream ended without [DONE]"
+                        return ProbeFailure("an answer longer than two tokens")
+                return ProbeFailure("the stream ended without [DONE]")
     except TimeoutError:
-        return f"no complete answer within {timeout_s:g} s"
+        return ProbeFailure(f"no complete answer within {timeout_s:g} s", timed_out=True)
     except aiohttp.ClientError as error:
-        return f"{type(error).__name__}: {error}"
+        return ProbeFailure(f"{type(error).__name__}: {error}")
