@@ -274,7 +274,7 @@ async def test_run_probes_probes_a_judged_pod_and_reports_back(
     done = asyncio.Event()
 
     async def probe(
-        host: str, port: int, model: str, *, timeout_s: float
+        host: str, port: int, model: str, *, timeout_s: float, first_chunk_s: float
     ) -> ProbeFailure | None:
         probed.append((host, port, model))
         done.set()

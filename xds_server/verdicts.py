@@ -23,8 +23,11 @@ those still in flight; less the failures, it is what completed.
   MIN_STALLED_IN_FLIGHT requests in flight makes the pod a suspect, no more: requests of
   one size started together finish together, a request's time apart (with 32 clients of
   identical requests, healthy pods owed 6 to 10 between cohorts), and one long
-  generation keeps a pod quiet as long. A suspect is probed at once (below): a probe not
-  served within `confirm_timeout_s` is the verdict, a probe served clears the debt.
+  generation keeps a pod quiet as long. A suspect is probed at once (below): a probe
+  whose answer, once begun, is not done within `confirm_timeout_s` is the verdict (its
+  first chunk may wait `probe_timeout_s` behind the pod's queue: under load, pods of
+  scenario c did not answer within a second and were judged stalled), a probe served
+  clears the debt.
 - **failing**: of its requests finished over the last FAILURE_DECAY_S, at least
   `min_failures` failed and they are `failure_ratio` of all (resets, connect failures,
   5xx: Envoy counts each try, so a retried request counts on the pod that failed it).
@@ -423,8 +426,9 @@ class PodVerdicts:
 
     def due_probes(self) -> list[tuple[str, str, float]]:
         """The probes due now, as (endpoint id, model, timeout): of judged pods, and of
-        suspected ones (within `confirm_timeout_s`); each pod is marked as being probed
-        until `probed` says how it went."""
+        suspected ones (`confirm_timeout_s` from the answer's first chunk, which may take
+        `probe_timeout_s`: run_probes); each pod is marked as being probed until `probed`
+        says how it went."""
         config = self._sync()
         now = self._clock()
         settings = config.verdicts if config is not None else VerdictsConfig()
@@ -437,6 +441,11 @@ class PodVerdicts:
                 )
                 due.append((key, pod.model, timeout))
         return due
+
+    def probe_timeout_s(self) -> float:
+        """How long a probe's answer may take to begin (and a judged pod's, to end)."""
+        config = self._configured
+        return (config.verdicts if config is not None else VerdictsConfig()).probe_timeout_s
 
     def next_probe_at(self) -> float | None:
         """When the next probe is due (None: no pod is judged or suspected)."""
@@ -529,8 +538,11 @@ async def run_probes(
 
     async def one(key: str, model: str, timeout_s: float) -> None:
         host, _, port = key.rpartition(":")
+        first_chunk_s = verdicts.probe_timeout_s()
         try:
-            failure = await probe(host, int(port), model, timeout_s=timeout_s)
+            failure = await probe(
+                host, int(port), model, timeout_s=timeout_s, first_chunk_s=first_chunk_s
+            )
         except Exception as error:  # a probe must never stop the others
             failure = ProbeFailure(f"{type(error).__name__}: {error}")
         verdicts.probed(key, failure)

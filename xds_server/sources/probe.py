@@ -1,9 +1,9 @@
-"""A probe request to a pod the server judged stalled or failing (verdicts.py).
+"""A probe request to a pod the server suspects, or judged stalled or failing (verdicts.py).
 
-The pod is out of rotation, so no client's request can tell that it serves again: the
-server asks it itself, with the smallest request that goes through the same path as a
-client's: a streamed completion of two tokens. It must finish (`data: [DONE]`) within the
-timeout; an answer that starts and stops is the fault the verdict was for.
+A judged pod is out of rotation, so no client's request can tell that it serves again:
+the server asks it itself, with the smallest request that goes through the same path as
+a client's: a streamed completion of two tokens. It must finish (`data: [DONE]`) within
+the timeout; an answer that starts and stops is the fault the verdict was for.
 """
 
 from __future__ import annotations
@@ -32,19 +32,24 @@ class ProbeFailure:
 
 
 async def probe_completion(
-    host: str, port: int, model: str, *, timeout_s: float
+    host: str, port: int, model: str, *, timeout_s: float, first_chunk_s: float | None = None
 ) -> ProbeFailure | None:
     """None when the pod at host:port served a two-token streamed completion of `model`
-    within `timeout_s`, else why not."""
+    within `timeout_s`, else why not. With `first_chunk_s`, the answer's first chunk may
+    take that long (the probe waits behind the pod's queue like any request) and the
+    rest `timeout_s` from there: a busy pod passes, one that stops after a chunk does not."""
     body = {"model": model, "prompt": "ping", "max_tokens": 2, "stream": True}
     url = f"http://{host}:{port}/v1/completions"
+    waited = first_chunk_s if first_chunk_s is not None else timeout_s
     try:
-        async with asyncio.timeout(timeout_s), aiohttp.ClientSession() as session:
+        async with asyncio.timeout(waited) as deadline, aiohttp.ClientSession() as session:
             async with session.post(url, json=body) as response:
                 if response.status != 200:
                     return ProbeFailure(f"HTTP {response.status}")
                 answer = b""
                 async for chunk in response.content.iter_any():
+                    if not answer and first_chunk_s is not None:
+                        deadline.reschedule(asyncio.get_running_loop().time() + timeout_s)
                     answer += chunk
                     if b"[DONE]" in answer:
                         return None
