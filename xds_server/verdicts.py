@@ -251,7 +251,9 @@ class PodVerdicts:
         last = self._last_report.get(node_id)
         self._last_report[node_id] = now
         interval = min((load.interval_s for load in loads.values()), default=0.0)
-        dt = interval if last is None else min(now - last, 4 * interval or now - last)
+        elapsed = interval if last is None else now - last
+        # After a gap (a stream that reconnected), no more than a few intervals.
+        dt = min(elapsed, 4 * interval) if interval > 0 else elapsed
         # Per pod: in flight, in flight x seconds, issued, failed.
         seen: dict[str, list[float]] = {}
         for load in loads.values():
