@@ -261,7 +261,7 @@ def _hot_keys(
 
 
 def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) -> Scenario:
-    """Scenario `name` (a to h, c96, f2) lasting `duration_s` seconds of arrivals (a, b, c,
+    """Scenario `name` (a to h, g2, c96, f2) lasting `duration_s` seconds of arrivals (a, b, c,
     e, f, f2: three times; h: four).
 
     `request_scale` multiplies every prompt and output length (a smoke run uses short
