@@ -67,6 +67,11 @@ def test_every_flavour_reads_the_engines_state(flavour: Flavour) -> None:
     else:
         assert metrics.prefix_cache_hits_tokens is None
         assert metrics.prefix_cache_queries_tokens is None
+    # The engine's progress: tokens prefilled and generated (vLLM, SGLang only).
+    progress = state.prompt_tokens_total + state.generation_tokens_total
+    assert state.generation_tokens_total > 0
+    expected_progress = progress if flavour in (Flavour.VLLM, Flavour.SGLANG) else None
+    assert metrics.tokens_processed == expected_progress
     if flavour is not Flavour.VLLM:
         assert (metrics.lora_running, metrics.lora_waiting, metrics.max_lora) == ((), (), None)
 

@@ -158,3 +158,29 @@ def test_silence_grows_only_while_scrapes_fail_and_down_is_the_last_ones_word() 
     store.record_error("q", "refused", now=3.0, down=True)
     never = store.observation("q", now=9.0)
     assert never is not None and never.silent_s == 2.0 and never.down
+
+
+def test_stalled_s_grows_while_the_engine_runs_requests_and_moves_no_token() -> None:
+    store = MetricsStore()
+
+    def scrape(at: float, tokens: float | None, running: int = 4) -> float:
+        page = PodMetrics(waiting=0, running=running, tokens_processed=tokens)
+        store.record_success("p", page, now=at)
+        observation = store.observation("p", now=at + 5)  # a snapshot later: no matter
+        assert observation is not None
+        return observation.stalled_s
+
+    assert scrape(0.0, 100.0) == 0.0
+    assert scrape(0.25, 150.0) == 0.0
+    revision = store.revision
+    assert scrape(0.5, 150.0) == 0.25
+    # The same page, but stalled longer: the policy's inputs changed.
+    assert scrape(1.5, 150.0) == 1.25 and store.revision > revision
+    assert scrape(1.75, 151.0) == 0.0
+    # Nothing running, or no counters: never stalled.
+    assert scrape(2.0, 151.0, running=0) == 0.0
+    assert scrape(3.0, 151.0, running=0) == 0.0
+    assert scrape(4.0, None) == 0.0
+    assert scrape(5.0, None) == 0.0
+    # A restarted engine's counters went down: that is progress.
+    assert scrape(5.25, 10.0) == 0.0

@@ -228,3 +228,23 @@ def test_the_median_a_slow_liar_is_held_to_counts_slow_peers_too() -> None:
     pods[liar] = signals(kv_capacity_tokens=4 * HONEST, kv_usage=0.3 / 4)
     every_pod_slow = _weights(pods, dict.fromkeys(pods, 1))
     assert every_pod_slow[liar] / sum(every_pod_slow.values()) == pytest.approx(0.25, abs=0.02)
+
+
+def _health(pods: dict[str, PodSignals], **extra: object) -> dict[str, tuple[Health, str | None]]:
+    scored = score_pool(pool_of(4), settings=SETTINGS, signals=pods, memory={}, **extra)  # type: ignore[arg-type]
+    return {e.id: (e.health, e.verdict) for e in scored.state.endpoints}
+
+
+def test_an_engine_that_runs_requests_and_moves_no_token_is_out_until_it_does() -> None:
+    pods = {pod(i): signals() for i in range(4)}
+    pods[pod(0)] = signals(stalled_s=SETTINGS.stall_after_s)
+    health = _health(pods)
+    assert health[pod(0)] == (Health.UNHEALTHY, "stalled")
+    assert {health[pod(i)] for i in (1, 2, 3)} == {(Health.HEALTHY, None)}
+    # Prefilling a long prompt alone moves no token for seconds: not a stall.
+    assert _health(pods, long_prompts={pod(0): 1})[pod(0)] == (Health.HEALTHY, None)
+    # Half the pool may be out so; more, and the counters are not believed.
+    pods[pod(1)] = signals(stalled_s=5.0)
+    assert sum(h is Health.UNHEALTHY for h, _ in _health(pods).values()) == 2
+    pods[pod(2)] = signals(stalled_s=5.0)
+    assert all(h is Health.HEALTHY for h, _ in _health(pods).values())

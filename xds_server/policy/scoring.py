@@ -260,14 +260,14 @@ def _stuck(
     its own counters: "stalled", out of rotation until its tokens move again. Engines
     count a prompt's tokens when its prefill ends, so a pod prefilling a long prompt
     alone moves none for seconds: `keys` leaves out those known to (long prompts). When
-    half the pool or more looks so, the counters are not believed (a pool does not wedge
-    all at once; an exporter can)."""
+    more than half the pool looks so, the counters are not believed (a pool does not
+    wedge all at once; an exporter can), as verdicts.py judges at most half a pool."""
     stuck = {
         key: "stalled"
         for key in keys
         if (s := signals.get(key)) is not None and s.stalled_s >= settings.stall_after_s
     }
-    return stuck if len(stuck) * 2 < len(keys) else {}
+    return stuck if len(stuck) <= len(keys) // 2 else {}
 
 
 def _capacities(
@@ -440,8 +440,7 @@ def score_pool(
     Envoys' reports show stalled or failing (by endpoint id: the reason), which are out of
     rotation like a pod known to be down; `slowness` the pods slower per request than
     their peers (steps), whose claims beyond their peers' are not believed
-    (`_capacities`). Pure:
-    the same inputs give the same output.
+    (`_capacities`). Pure: the same inputs give the same output.
     """
     keys = {endpoint_id(e) for e in pool.endpoints}
     verdicts = {**_stuck(keys - long_prompts.keys(), signals, settings), **verdicts}
