@@ -124,46 +124,46 @@ way, to the band's session or long-prompt cluster. Each band route carries route
 `llm: {band, pool, retry_after_s}`, which the 429 of a full band prints (listeners.py).
 A split's `retry_after_s` is the largest of its target pools' (the client waits for the
 slowest rather than retrying too soon), and its `pool` lists them.
+
+**Where the parts are.** This module composes the table (build_routes) and the spill
+listeners' routes; the routes are built in _route_matches (which requests a route takes),
+_route_answers (the routes Envoy answers itself: 0, 3-9), _route_to_pools (routes 1 and 2:
+lanes, streamed twins, splits, retries) and _route_bands (flow control).
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any as _Any
-from urllib.parse import quote
 
-from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
-from envoy.config.core.v3 import base_pb2, substitution_format_string_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.config.route.v3 import route_pb2
-from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
-from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
-from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
-from envoy.type.v3 import range_pb2
-from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
+from envoy.type.matcher.v3 import string_pb2
+from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import (
-    BANDS,
-    Band,
-    Lane,
-    ModelBands,
-    ModelRewrite,
-    PoolConfig,
-    RoutingConfig,
+from xds_server.config import Band, PoolConfig, RoutingConfig
+from xds_server.envoy import _route_answers as answers
+from xds_server.envoy import names
+from xds_server.envoy._route_answers import (
+    MAX_ECHOED_MODEL_CHARS,
+    MAX_ECHOED_PATH_CHARS,
+    MODEL_CREATED,
+    MODELS_PATH,
 )
-from xds_server.envoy import _error_bodies, _protos, names
-from xds_server.envoy.listeners import (
-    HEADER_MUTATION_FILTER,
-    PROMPT_KEY,
-    PROMPT_NAMESPACE,
-    STREAM_KEY,
-    bounds_streams,
+from xds_server.envoy._route_bands import RetryAfter, band_metadata, classified, retry_after_of
+from xds_server.envoy._route_matches import FORWARDED_PATHS, by_model
+from xds_server.envoy._route_to_pools import (
+    MAX_SESSION_KEY_CHARS,
+    PREVIOUS_HOSTS_PREDICATE,
+    PROMPT_PREFIX_REGEX,
+    RETRY_ON,
+    SESSION_KEY_REGEX,
+    route_action,
+    split,
+    split_pools,
+    to_pool,
 )
 from xds_server.errors import ResourceBuildError
-from xds_server.policy.admission import PoolAdmission
 
 __all__ = [
     "FORWARDED_PATHS",
@@ -181,63 +181,16 @@ __all__ = [
     "retry_after_of",
 ]
 
-# The allow-list: the only paths a request reaches a model server on, each POST only,
-# matched exactly (module docstring). Another OpenAI path (`/v1/embeddings`,
-# `/v1/responses`) is served once it is added here.
-FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions")
-_FORWARDED_METHOD = "POST"
-
-# Answered by Envoy from the config: the model list, and `MODELS_PATH/<id>` (GET only).
-MODELS_PATH = "/v1/models"
-_MODELS_METHOD = "GET"
-
-# The `created` of every model object: fixed, so that the route config's content hash
-# (its version) is the same on every server replica and after every restart.
-MODEL_CREATED = 0
-
-# Refusals of a path echo the method and the path, truncated like model names.
-MAX_ECHOED_PATH_CHARS = 256
-_MAX_ECHOED_METHOD_CHARS = 32
-
-# RFC 3986 `pchar` besides the unreserved characters, which quote() never encodes: what
-# a path segment may carry unencoded (the OpenAI SDK encodes model ids this way).
-_PCHAR_SAFE = "!$&'()*+,;=:@"
-
-# Envoy's limit on a direct response's `body` when the route config sets none.
-_DEFAULT_DIRECT_RESPONSE_BYTES = 4096
-
-# What a route retries (_add_retries): failures before any response byte came.
-RETRY_ON = "connect-failure,refused-stream,reset"
-PREVIOUS_HOSTS_PREDICATE = "envoy.retry_host_predicates.previous_hosts"
-
-# Error messages echo the requested model, truncated to this many characters so a huge
-# `model` value does not come back in full (the formatter's `:N` suffix).
-MAX_ECHOED_MODEL_CHARS = 256
-
-# A body session key becomes a header only if it has no control character (RE2, whole
-# value): Envoy refuses to send a header value with CR, LF or NUL upstream (the request
-# fails with a 503), and the others are not valid in HTTP field values either.
-SESSION_KEY_REGEX = r"[^\x00-\x1f\x7f]+"
-
-# The body session key is cut to this many bytes in the header: it is a hash key, and a
-# long `user` must not become a long upstream header.
-MAX_SESSION_KEY_CHARS = 256
-
-# A prompt is a hash key only without DEL (RE2, whole value): the header carries it as JSON
-# text, where every other control character is escaped (`\n`, `\u0001`), but DEL is not,
-# and Envoy 1.40 refuses a header value with it (503 `invalid header value`).
-PROMPT_PREFIX_REGEX = r"[^\x7f]+"
-
-# `{"prompt":"`: what the prompt's namespace printed as JSON starts with (routes cut the
-# header after the prefix: `balancing.prefix_key_bytes` more bytes).
-_PROMPT_JSON_OPENING = len(f'{{"{PROMPT_KEY}":"')
-
-# The end of the long-prompt route's content-length range (exclusive): no end.
-_MAX_INT64 = 2**63 - 1
-
 # Envoy refuses these in header values (HTTP_HEADER_VALUE), and routed requests carry the
 # model name in names.ROUTED_MODEL_HEADER.
 _HEADER_UNSAFE = frozenset("\r\n\0")
+
+# The route kinds of routes 1 and 2 (module docstring), in that order: the body names the
+# model, or only the listener's model header does.
+_KINDS = ("model", "header")
+
+# A pool's model or LoRA adapter that is not rewritten: (pool, model, is an adapter).
+_Served = tuple[PoolConfig, str, bool]
 
 
 def build_routes(
@@ -255,97 +208,19 @@ def build_routes(
     which the routes could not tell apart from a request without a model, or a model
     whose name cannot be a header value (Envoy would reject the whole route config).
     """
-    rewrites = {r.model: r for r in config.model_rewrites}
-    served = [
-        (pool, model, model in pool.adapters)
-        for pool in config.pools
-        for model in (*pool.models, *pool.adapters)
-        if model not in rewrites
+    served = _served(config)
+    _check_model_names(config, served)
+    waits = RetryAfter(config, retry_after or {})
+    routes = [
+        *answers.wrong_methods(),
+        *_model_routes(config, served, waits),
+        *answers.model_refusals(config.listener.model_header),
+        *answers.model_paths(config),
+        answers.not_found(),
+        _unrouted(),
     ]
-    reserved = sorted(m for _, m, _ in served if m in names.SENTINELS)
-    if reserved:
-        raise ResourceBuildError(f"model names reserved by the gateway: {', '.join(reserved)}")
-    unsendable = sorted(repr(m) for _, m, _ in served if _HEADER_UNSAFE.intersection(m))
-    if unsendable:
-        raise ResourceBuildError(f"model names with CR, LF or NUL: {', '.join(unsendable)}")
-    unsendable = sorted(repr(m) for m in rewrites if _HEADER_UNSAFE.intersection(m))
-    if unsendable:
-        raise ResourceBuildError(
-            f"rewritten model names with CR, LF or NUL: {', '.join(unsendable)}"
-        )
-    header = config.listener.model_header
-    waits = _RetryAfter(config, retry_after or {})
-    routes = [_other_methods(path, _FORWARDED_METHOD) for path in FORWARDED_PATHS]
-    for kind in ("model", "header"):
-        for rewrite in config.model_rewrites:
-            match = _by_model(header, rewrite.model, kind=kind)
-            if not config.flow_control.enabled:
-                routes.append(_split(config, rewrite, kind=kind, match=match))
-                continue
-            for suffix, band, banded in _classified(config, rewrite.model, match):
-                route = _split(config, rewrite, kind=kind, match=banded, band=band)
-                route.name += suffix
-                pools = _split_pools(config, rewrite)
-                wait = max(waits.of(pool, band) for pool in pools)
-                route.metadata.CopyFrom(_band_metadata(band, " or ".join(pools), wait))
-                routes.append(route)
-        for pool, model, adapter in served:
-            match = _by_model(header, model, kind=kind)
-            if not config.flow_control.enabled:
-                routes += _to_pool(config, pool, model, adapter=adapter, kind=kind, match=match)
-                continue
-            for suffix, band, banded in _classified(config, model, match):
-                metadata = _band_metadata(band, pool.name, waits.of(pool.name, band))
-                for route in _to_pool(
-                    config, pool, model, adapter=adapter, kind=kind, match=banded, band=band
-                ):
-                    route.name += suffix
-                    route.metadata.CopyFrom(metadata)
-                    routes.append(route)
-    routes.extend(_refusals(header))
-    routes.extend(_model_paths(config))
-    routes.append(
-        _refusal(
-            name="error/not_found",
-            match=rc_pb2.RouteMatch(prefix="/", dynamic_metadata=[_READ]),
-            status=404,
-            message=f"Invalid URL ({_ECHOED_METHOD} {_ECHOED_PATH}).",
-            code="not_found",
-            param=None,
-        )
-    )
-    routes.append(
-        rc_pb2.Route(
-            name="unrouted",
-            match=rc_pb2.RouteMatch(prefix="/"),
-            route=rc_pb2.RouteAction(
-                cluster=names.UNROUTED_CLUSTER,
-                cluster_not_found_response_code=rc_pb2.RouteAction.INTERNAL_SERVER_ERROR,
-            ),
-        )
-    )
-    virtual_host = rc_pb2.VirtualHost(
-        name=names.VIRTUAL_HOST_NAME,
-        domains=["*"],
-        routes=routes,
-        # Replaces the deprecated per_request_buffer_limit_bytes (both work on 1.40).
-        request_body_buffer_limit=wrappers_pb2.UInt64Value(value=config.listener.max_request_bytes),
-    )
     spills = [build_spill_routes(config, pool) for pool in config.pools if config.spills(pool)]
-    return [
-        route_pb2.RouteConfiguration(
-            name=names.ROUTE_CONFIG_NAME,
-            virtual_hosts=[virtual_host],
-            # Routes may name a pool's cluster before CDS has it, and the unrouted cluster
-            # never exists (RDS defaults to false already; inline configs to true).
-            validate_clusters=wrappers_pb2.BoolValue(value=False),
-            # The model list grows with the models; Envoy refuses a larger body.
-            max_direct_response_body_size_bytes=wrappers_pb2.UInt32Value(
-                value=max(_DEFAULT_DIRECT_RESPONSE_BYTES, *map(_body_bytes, routes))
-            ),
-        ),
-        *spills,
-    ]
+    return [_listener_routes(config, routes), *spills]
 
 
 def build_spill_routes(config: RoutingConfig, pool: PoolConfig) -> _Any:
@@ -365,9 +240,9 @@ def build_spill_routes(config: RoutingConfig, pool: PoolConfig) -> _Any:
                 )
             ],
         )
-        action = _action(config, cluster, adapter, adapter=True, hashed=False)
+        action = route_action(config, cluster, adapter, adapter=True, hashed=False)
         routes.append(rc_pb2.Route(name=f"spill/{adapter}", match=match, route=action))
-    action = _action(config, cluster, "", adapter=False, hashed=False)
+    action = route_action(config, cluster, "", adapter=False, hashed=False)
     routes.append(rc_pb2.Route(name="spill", match=rc_pb2.RouteMatch(prefix="/"), route=action))
     return route_pb2.RouteConfiguration(
         name=names.spill_listener_name(pool.name),
@@ -384,593 +259,130 @@ def build_spill_routes(config: RoutingConfig, pool: PoolConfig) -> _Any:
     )
 
 
-def retry_after_of(admissions: Mapping[str, PoolAdmission]) -> dict[tuple[str, Band], int]:
-    """The Retry-After seconds of each (pool, band) as the admissions decided them, in the
-    shape `build_routes` takes."""
-    return {
-        (pool, band): admission.retry_after_s[band]
-        for pool, admission in admissions.items()
-        for band in BANDS
-    }
-
-
-class _RetryAfter:
-    """The Retry-After seconds of a (pool, band), within the config's bounds."""
-
-    def __init__(self, config: RoutingConfig, given: Mapping[tuple[str, Band], int]) -> None:
-        self._low = config.flow_control.retry_after_min_s
-        self._high = config.flow_control.retry_after_max_s
-        self._given = given
-
-    def of(self, pool: str, band: Band) -> int:
-        return min(max(self._given.get((pool, band), self._low), self._low), self._high)
-
-
-def _cap(band: Band, max_band: Band) -> Band:
-    """`band`, or `max_band` when that is less important (BANDS: most important first)."""
-    return BANDS[max(BANDS.index(band), BANDS.index(max_band))]
-
-
-def _classified(config: RoutingConfig, model: str, match: _Any) -> Iterator[tuple[str, Band, _Any]]:
-    """(route name suffix, band, match) for each classification route of `model`'s `match`,
-    in first-match order (module docstring: a, b, c)."""
-    flow = config.flow_control
-    bands = flow.models.get(model, ModelBands())
-    default = _cap(bands.default_band, bands.max_band)
-
-    def with_header(name: str, value: _Any) -> _Any:
-        banded = rc_pb2.RouteMatch()
-        banded.CopyFrom(match)
-        banded.headers.append(rc_pb2.HeaderMatcher(name=name, string_match=value))
-        return banded
-
-    for objective, priority in sorted(flow.objectives.items()):
-        band = _cap(flow.band_of_priority(priority), bands.max_band)
-        exact = string_pb2.StringMatcher(exact=objective)
-        yield f"/{band}/objective/{objective}", band, with_header(names.OBJECTIVE_HEADER, exact)
-    for asked in BANDS:
-        band = _cap(asked, bands.max_band)
-        if band != default:
-            value = string_pb2.StringMatcher(exact=asked, ignore_case=True)
-            yield f"/{band}/band/{asked}", band, with_header(flow.band_header, value)
-    yield f"/{default}", default, match
-
-
-def _band_metadata(band: Band, pool: str, retry_after_s: int) -> _Any:
-    """Route metadata `llm: {band, pool, retry_after_s}`, printed by the 429 of a full band."""
-    values = struct_pb2.Struct()
-    values[names.BAND_KEY] = band
-    values[names.POOL_KEY] = pool
-    values[names.RETRY_AFTER_KEY] = retry_after_s
-    metadata = base_pb2.Metadata()
-    metadata.filter_metadata[names.METADATA_NAMESPACE].CopyFrom(values)
-    return metadata
-
-
-def _split_pools(config: RoutingConfig, rewrite: ModelRewrite) -> list[str]:
-    """The pools a split can send to (targets with weight), sorted, each once."""
-    # By name: a PoolConfig with a `selector` holds a dict, and cannot be hashed.
-    pools = (config.pool_of(t.model) for t in rewrite.targets if t.weight)
-    return sorted({p.name for p in pools if p is not None})
-
-
-def _by_model(header: str, model: str, *, kind: str) -> _Any:
-    """Route kind `model` (the body names `model`) or `header` (only the header does)."""
-    if kind == "model":
-        return _match(metadata=_string(exact=model))
-    return _by_header(header, model)
-
-
-def _by_header(header: str, model: str) -> _Any:
-    """Requests without a body `model` whose `header` names `model`."""
-    exact = string_pb2.StringMatcher(exact=model)
-    by_header = rc_pb2.HeaderMatcher(name=header, string_match=exact)
-    return _match(metadata=_string(exact=names.MODEL_MISSING), headers=[by_header])
-
-
-def _split(
-    config: RoutingConfig,
-    rewrite: ModelRewrite,
-    *,
-    kind: str,
-    match: _Any,
-    band: Band | None = None,
-) -> _Any:
-    """`split-<kind>/<model>`: each request for the rewritten model goes to one target's pool
-    (its `band` cluster, with flow control), picked by weight, with
-    names.ROUTED_MODEL_HEADER naming the target (ModelRewrite)."""
-    clusters = []
-    for target in rewrite.targets:
-        pool = config.pool_of(target.model)
-        if pool is None or target.weight == 0:
-            continue
-        weighted = rc_pb2.WeightedCluster.ClusterWeight(
-            name=_cluster(pool.name, band, "pool"),
-            weight=wrappers_pb2.UInt32Value(value=target.weight),
-            request_headers_to_add=[_model_header(target.model)],
-        )
-        if target.model in pool.adapters:
-            weighted.metadata_match.CopyFrom(_lora_subset(target.model))
-        clusters.append(weighted)
-    action = rc_pb2.RouteAction(
-        weighted_clusters=rc_pb2.WeightedCluster(clusters=clusters),
-        timeout=_protos.duration(config.listener.request_timeout_s),
-    )
-    _add_retries(config, action)
-    return rc_pb2.Route(name=f"split-{kind}/{rewrite.model}", match=match, route=action)
-
-
-def _cluster(pool: str, band: Band | None, lane: Lane) -> str:
-    """The cluster of `pool`'s `lane`, or of its `band` in that lane with flow control."""
-    if band is not None:
-        return names.band_cluster_name(pool, band, lane)
-    return names.lane_cluster_name(pool, lane)
-
-
-def _to_pool(
-    config: RoutingConfig,
-    pool: PoolConfig,
-    model: str,
-    *,
-    adapter: bool,
-    kind: str,
-    match: _Any,
-    band: Band | None = None,
-) -> list[_Any]:
-    """The routes of `model` for one `match`: `<kind>/<model>`, preceded in a pool with session
-    affinity by the session routes for a client's key, for a body's and for a prompt's
-    prefix (when `prefix_key_bytes` is set), and in a pool with a
-    long-prompt lane by the long-prompt route (module docstring); to the clusters of `band`
-    when given (flow control)."""
-    routes = []
-    lanes = config.lanes(pool)
-    if "session" in lanes:
-        session_cluster = _cluster(pool.name, band, "session")
-        by_header = rc_pb2.RouteMatch()
-        by_header.CopyFrom(match)
-        by_header.headers.append(
-            rc_pb2.HeaderMatcher(
-                name=names.SESSION_HEADER,
-                # Non-empty: an empty key would hash every such request to one host.
-                string_match=string_pb2.StringMatcher(
-                    safe_regex=regex_pb2.RegexMatcher(regex=r"(?s).+")
-                ),
-            )
-        )
-        action = _action(config, session_cluster, model, adapter=adapter, hashed=True)
-        routes.append(_route(f"session-{kind}/{model}", by_header, action, model))
-        by_body = rc_pb2.RouteMatch()
-        by_body.CopyFrom(match)
-        by_body.dynamic_metadata.append(
-            _metadata_matcher(names.SESSION_KEY, _string(regex=SESSION_KEY_REGEX))
-        )
-        action = _action(config, session_cluster, model, adapter=adapter, hashed=True)
-        route = _route(f"session-key-{kind}/{model}", by_body, action, model)
-        route.typed_per_filter_config[HEADER_MUTATION_FILTER].CopyFrom(_SESSION_KEY_TO_HEADER)
-        routes.append(route)
-        prefix_bytes = config.balancing.prefix_key_bytes
-        if prefix_bytes > 0:
-            by_prompt = rc_pb2.RouteMatch()
-            by_prompt.CopyFrom(match)
-            by_prompt.dynamic_metadata.append(
-                metadata_pb2.MetadataMatcher(
-                    filter=PROMPT_NAMESPACE,
-                    path=[metadata_pb2.MetadataMatcher.PathSegment(key=PROMPT_KEY)],
-                    value=_string(regex=PROMPT_PREFIX_REGEX),
-                )
-            )
-            action = _action(config, session_cluster, model, adapter=adapter, hashed=True)
-            route = _route(f"prefix-{kind}/{model}", by_prompt, action, model)
-            route.typed_per_filter_config[HEADER_MUTATION_FILTER].CopyFrom(
-                _prompt_prefix_to_header(prefix_bytes)
-            )
-            routes.append(route)
-    if "long" in lanes:
-        long_prompt = rc_pb2.RouteMatch()
-        long_prompt.CopyFrom(match)
-        long_prompt.headers.append(
-            rc_pb2.HeaderMatcher(
-                name="content-length",
-                range_match=range_pb2.Int64Range(
-                    start=config.balancing.long_prompt_bytes, end=_MAX_INT64
-                ),
-            )
-        )
-        action = _action(
-            config, _cluster(pool.name, band, "long"), model, adapter=adapter, hashed=False
-        )
-        routes.append(_route(f"long-{kind}/{model}", long_prompt, action, model))
-    cluster = _cluster(pool.name, band, "pool")
-    action = _action(config, cluster, model, adapter=adapter, hashed=False)
-    routes.append(_route(f"{kind}/{model}", match, action, model))
-    if not bounds_streams(pool):
-        return routes
-    return [twin for route in routes for twin in (_streamed(pool, route), route)]
-
-
-def _streamed(pool: PoolConfig, route: _Any) -> _Any:
-    """`route` for streamed requests only (`llm:stream` true), named `stream-<name>`, with
-    the pool's bounds per try (PoolConfig.first_byte_s, stream_idle_s): a try that gets no
-    response headers within `first_byte_s`, or no byte for `stream_idle_s`, is reset;
-    one whose response had not begun is tried again on another pod (RETRY_ON's `reset`
-    covers a try's timeouts), one mid-stream ends there. Matched before `route`, which
-    serves the rest: a request that is not streamed sends nothing until it is done."""
-    twin = rc_pb2.Route()
-    twin.CopyFrom(route)
-    twin.name = f"stream-{route.name}"
-    twin.match.dynamic_metadata.append(
-        _metadata_matcher(STREAM_KEY, value_pb2.ValueMatcher(bool_match=True))
-    )
-    retry_policy = twin.route.retry_policy
-    if not twin.route.HasField("retry_policy"):
-        retry_policy.retry_on = RETRY_ON
-        retry_policy.num_retries.value = 0
-    if pool.first_byte_s > 0:
-        retry_policy.per_try_timeout.CopyFrom(_protos.duration(pool.first_byte_s))
-    if pool.stream_idle_s > 0:
-        retry_policy.per_try_idle_timeout.CopyFrom(_protos.duration(pool.stream_idle_s))
-    return twin
-
-
-def _action(
-    config: RoutingConfig, cluster: str, model: str, *, adapter: bool, hashed: bool
-) -> _Any:
-    action = rc_pb2.RouteAction(
-        cluster=cluster,
-        # Always set: unset means Envoy's 15 s default, which would cut long
-        # generations; 0 disables the timeout.
-        timeout=_protos.duration(config.listener.request_timeout_s),
-    )
-    _add_retries(config, action)
-    if adapter:
-        action.metadata_match.CopyFrom(_lora_subset(model))
-    if hashed:
-        action.hash_policy.append(
-            rc_pb2.RouteAction.HashPolicy(
-                header=rc_pb2.RouteAction.HashPolicy.Header(header_name=names.SESSION_HEADER)
-            )
-        )
-    return action
-
-
-def _add_retries(config: RoutingConfig, action: _Any) -> None:
-    """Retry a request that never got response headers on another pod (config.upstream).
-
-    `connect-failure` and `refused-stream` are a pod that is gone or refuses; `reset` is a
-    pod that reset the stream before answering (a crash mid-prefill): a generation can be
-    started again from scratch. Envoy never retries once the response has begun, so a
-    stream that was already answering is not repeated. `previous_hosts` sends each retry
-    to a pod not tried yet (on the session ring too: the next host on it). The cluster's
-    retry budget (clusters.py) bounds how many retries run at once.
-    """
-    retries = config.upstream.retries
-    if retries == 0:
-        return
-    retry = rc_pb2.RetryPolicy
-    action.retry_policy.CopyFrom(
-        retry(
-            retry_on=RETRY_ON,
-            num_retries=_protos.uint32(retries),
-            retry_host_predicate=[
-                retry.RetryHostPredicate(
-                    name=PREVIOUS_HOSTS_PREDICATE,
-                    typed_config=_protos.pack(previous_hosts_pb2.PreviousHostsPredicate()),
-                )
-            ],
-            # Draws of the balancer before it settles for a host already tried.
-            host_selection_retry_max_attempts=5,
-            retry_back_off=retry.RetryBackOff(
-                base_interval=_protos.duration(0.025), max_interval=_protos.duration(0.25)
-            ),
-        )
-    )
-
-
-def _lora_subset(adapter: str) -> _Any:
-    """The `metadata_match` of the adapter's holders (clusters.py; endpoints.py lists them)."""
-    lora = struct_pb2.Struct()
-    lora[names.LORA_KEY] = adapter
-    metadata = base_pb2.Metadata()
-    metadata.filter_metadata[names.LB_METADATA_NAMESPACE].CopyFrom(lora)
-    return metadata
-
-
-def _model_header(model: str) -> _Any:
-    return base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(
-            key=names.ROUTED_MODEL_HEADER,
-            # Header values are format strings: a literal % is written %%.
-            value=model.replace("%", "%%"),
-        ),
-        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-    )
-
-
-def _route(name: str, match: _Any, action: _Any, model: str) -> _Any:
-    return rc_pb2.Route(
-        name=name, match=match, route=action, request_headers_to_add=[_model_header(model)]
-    )
-
-
-def _session_key_to_header() -> _Any:
-    """Per-route header_mutation: names.SESSION_HEADER from `llm:session_key`."""
-    value = (
-        f"%DYNAMIC_METADATA({names.METADATA_NAMESPACE}:{names.SESSION_KEY})"
-        f":{MAX_SESSION_KEY_CHARS}%"
-    )
-    return _header_from(value)
-
-
-@functools.cache
-def _prompt_prefix_to_header(prefix_bytes: int) -> _Any:
-    """Per-route header_mutation: names.SESSION_HEADER from the first `prefix_bytes` bytes
-    of the prompt as JSON text.
-
-    The prompt's namespace is printed whole, as JSON (`{"prompt":"..."}`), not the prompt
-    itself: a prompt's newline would make the header value invalid, its JSON escape does
-    not. The formatter's `:N` cuts bytes (a multi-byte character may be cut: Envoy sends
-    the header all the same, verified on 1.40).
-    """
-    value = f"%DYNAMIC_METADATA({PROMPT_NAMESPACE}):{_PROMPT_JSON_OPENING + prefix_bytes}%"
-    return _header_from(value)
-
-
-def _header_from(value: str) -> _Any:
-    """Per-route header_mutation: names.SESSION_HEADER set to the format string `value`."""
-    return _protos.pack(
-        header_mutation_pb2.HeaderMutationPerRoute(
-            mutations=header_mutation_pb2.Mutations(
-                request_mutations=[
-                    mutation_rules_pb2.HeaderMutation(
-                        append=base_pb2.HeaderValueOption(
-                            header=base_pb2.HeaderValue(key=names.SESSION_HEADER, value=value),
-                            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-                        )
-                    )
-                ]
-            )
-        )
-    )
-
-
-_SESSION_KEY_TO_HEADER = _session_key_to_header()
-
-# The request's method and path in a refusal's message (escaped by json_format).
-_ECHOED_METHOD = f"%REQ(:METHOD):{_MAX_ECHOED_METHOD_CHARS}%"
-_ECHOED_PATH = f"%REQ(:PATH):{MAX_ECHOED_PATH_CHARS}%"
-
-
-def _model_paths(config: RoutingConfig) -> list[_Any]:
-    """Routes 8a-8d of the module docstring: the model list and each model object, the
-    404 of an unknown model id, and the 405s of other methods."""
-    objects = _model_objects(config)
-    routes = [
-        _document(
-            "models/list",
-            _path_match(path=MODELS_PATH, method=_MODELS_METHOD),
-            {"object": "list", "data": list(objects.values())},
-        )
-    ]
-    for model, document in objects.items():
-        segments = {quote(model, safe=_PCHAR_SAFE), quote(model, safe=_PCHAR_SAFE + "/")}
-        for segment in sorted(segments):
-            path = f"{MODELS_PATH}/{segment}"
-            match = _path_match(path=path, method=_MODELS_METHOD)
-            routes.append(_document(f"models/retrieve/{segment}", match, document))
-    routes.append(
-        _refusal(
-            name="error/unknown_model_id",
-            match=_path_match(prefix=MODELS_PATH + "/", method=_MODELS_METHOD),
-            status=404,
-            message=f"The model requested by `{_ECHOED_METHOD} {_ECHOED_PATH}` does not exist.",
-            code="model_not_found",
-        )
-    )
-    # GET is taken above: any other method.
-    routes.append(_method_not_allowed(MODELS_PATH, _path_match(path=MODELS_PATH), _MODELS_METHOD))
-    under = MODELS_PATH + "/"
-    routes.append(_method_not_allowed(under, _path_match(prefix=under), _MODELS_METHOD))
-    return routes
-
-
-def _model_objects(config: RoutingConfig) -> dict[str, dict[str, _Any]]:
-    """OpenAI's model object of every model a request can name, by id, sorted by id
-    (module docstring)."""
-
-    def model(model_id: str, owned_by: str, parent: str | None = None) -> dict[str, _Any]:
-        document: dict[str, _Any] = {
-            "id": model_id,
-            "object": "model",
-            "created": MODEL_CREATED,
-            "owned_by": owned_by,
-        }
-        if parent is not None:
-            document["parent"] = parent
-        return document
-
-    objects = {}
-    for pool in config.pools:
-        for name in pool.models:
-            objects[name] = model(name, pool.name)
-        for adapter in pool.adapters:
-            objects[adapter] = model(adapter, pool.name, parent=pool.models[0])
-    # A rewritten name is served by its split, even when a pool lists it too.
-    for rewrite in config.model_rewrites:
-        objects[rewrite.model] = model(rewrite.model, " or ".join(_split_pools(config, rewrite)))
-    return dict(sorted(objects.items()))
-
-
-def _document(name: str, match: _Any, document: Mapping[str, _Any]) -> _Any:
-    """A 200 direct response with `document` as its JSON body.
-
-    The JSON is rendered here, once, and sent as the literal `body`, which Envoy does not
-    format (a text format would read the `%` of `50%-model` as an operator); the body
-    format only wraps it, to set the content type.
-    """
-    text = json.dumps(document, separators=(",", ":"))
-    return rc_pb2.Route(
-        name=name,
-        match=match,
-        direct_response=rc_pb2.DirectResponseAction(
-            status=200,
-            body=base_pb2.DataSource(inline_string=text),
-            body_format=substitution_format_string_pb2.SubstitutionFormatString(
-                text_format_source=base_pb2.DataSource(inline_string="%LOCAL_REPLY_BODY%"),
-                content_type="application/json",
-            ),
-        ),
-    )
-
-
-def _body_bytes(route: _Any) -> int:
-    """The size of `route`'s literal direct response body (0 for any other route)."""
-    return len(route.direct_response.body.inline_string.encode())
-
-
-def _other_methods(path: str, allowed: str) -> _Any:
-    """405 for the requests on exactly `path` with any method but `allowed`."""
-    match = _path_match(path=path, method=allowed, invert_method=True)
-    return _method_not_allowed(path, match, allowed)
-
-
-def _method_not_allowed(path: str, match: _Any, allowed: str) -> _Any:
-    """405 with `allow: <allowed>` (RFC 9110 15.5.6) for the requests of `match` (on
-    `path`, which names the route)."""
-    route = _refusal(
-        name=f"error/method_not_allowed{path}",
-        match=match,
-        status=405,
-        message=f"The method {_ECHOED_METHOD} is not allowed on `{_ECHOED_PATH}`; use {allowed}.",
-        code="method_not_allowed",
-        param=None,
-    )
-    route.response_headers_to_add.append(
-        base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key="allow", value=allowed),
-            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
-        )
-    )
-    return route
-
-
-def _path_match(
-    *,
-    path: str | None = None,
-    prefix: str | None = None,
-    method: str | None = None,
-    invert_method: bool = False,
-) -> _Any:
-    """The requests for exactly `path` (or any path under `prefix`), with `method` (any
-    other method when `invert_method`), once json_to_metadata has read them."""
-    match = rc_pb2.RouteMatch(dynamic_metadata=[_READ])
-    if path is not None:
-        match.path = path
-    else:
-        match.prefix = prefix or "/"
-    if method is not None:
-        match.headers.append(
-            rc_pb2.HeaderMatcher(
-                name=":method",
-                string_match=string_pb2.StringMatcher(exact=method),
-                invert_match=invert_method,
-            )
-        )
-    return match
-
-
-def _refusals(header: str) -> list[_Any]:
-    echoed_header = f"%REQ({header}):{MAX_ECHOED_MODEL_CHARS}%"
-    echoed_body = (
-        f"%DYNAMIC_METADATA({names.METADATA_NAMESPACE}:{names.MODEL_KEY}):{MAX_ECHOED_MODEL_CHARS}%"
-    )
+def _served(config: RoutingConfig) -> list[_Served]:
+    """Every model and adapter of every pool, in config order, but the rewritten ones
+    (their splits serve them)."""
+    rewritten = {r.model for r in config.model_rewrites}
     return [
-        _refusal(
-            name="error/unknown_header_model",
-            match=_match(
-                metadata=_string(exact=names.MODEL_MISSING),
-                headers=[rc_pb2.HeaderMatcher(name=header, present_match=True)],
-            ),
-            status=404,
-            message=f"The model `{echoed_header}` does not exist.",
-            code="model_not_found",
-        ),
-        _refusal(
-            name="error/missing_model",
-            match=_match(metadata=_string(exact=names.MODEL_MISSING)),
-            status=400,
-            message=(
-                f"You must provide a model parameter: `model` in the JSON body, "
-                f"or the {header} header."
-            ),
-            code="missing_model",
-        ),
-        _refusal(
-            name="error/invalid_body",
-            match=_match(metadata=_string(exact=names.MODEL_INVALID)),
-            status=400,
-            message="The request body is not valid JSON, or its content-type is not JSON.",
-            code="invalid_json",
-        ),
-        _refusal(
-            name="error/unknown_model",
-            match=_match(metadata=_string(regex=r"(?s).*")),
-            status=404,
-            message=f"The model `{echoed_body}` does not exist.",
-            code="model_not_found",
-        ),
-        _refusal(
-            name="error/model_not_string",
-            match=_match(metadata=value_pb2.ValueMatcher(present_match=True)),
-            status=400,
-            message="`model` must be a string.",
-            code="invalid_type",
-        ),
+        (pool, model, model in pool.adapters)
+        for pool in config.pools
+        for model in (*pool.models, *pool.adapters)
+        if model not in rewritten
     ]
 
 
-def _refusal(
-    *, name: str, match: _Any, status: int, message: str, code: str, param: str | None = "model"
-) -> _Any:
-    body = _error_bodies.error_format(message=message, code=code, param=param)
+def _check_model_names(config: RoutingConfig, served: list[_Served]) -> None:
+    """Raise ResourceBuildError for a served model named like a sentinel, or a served or
+    rewritten model with a character a header value cannot carry."""
+    models = [model for _, model, _ in served]
+    rewritten = {r.model for r in config.model_rewrites}
+    _refuse(
+        "model names reserved by the gateway", sorted(m for m in models if m in names.SENTINELS)
+    )
+    _refuse("model names with CR, LF or NUL", sorted(map(repr, filter(_unsendable, models))))
+    _refuse(
+        "rewritten model names with CR, LF or NUL",
+        sorted(map(repr, filter(_unsendable, rewritten))),
+    )
+
+
+def _unsendable(model: str) -> bool:
+    """Whether `model` cannot be a header value."""
+    return bool(_HEADER_UNSAFE.intersection(model))
+
+
+def _refuse(what: str, found: list[str]) -> None:
+    """Raise ResourceBuildError naming the `found` `what`, if any."""
+    if found:
+        raise ResourceBuildError(f"{what}: {', '.join(found)}")
+
+
+def _model_routes(
+    config: RoutingConfig, served: list[_Served], waits: RetryAfter
+) -> Iterator[_Any]:
+    """Routes 1 and 2 (module docstring): per kind, the splits, then the served models."""
+    for kind in _KINDS:
+        yield from _split_routes(config, kind, waits)
+        yield from _served_routes(config, served, kind, waits)
+
+
+def _split_routes(config: RoutingConfig, kind: str, waits: RetryAfter) -> Iterator[_Any]:
+    """`split-<kind>/<model>` of each rewritten model (per band with flow control)."""
+    header = config.listener.model_header
+    for rewrite in config.model_rewrites:
+        match = by_model(header, rewrite.model, kind=kind)
+        for suffix, band, banded in _bands(config, rewrite.model, match):
+            route = split(config, rewrite, kind=kind, match=banded, band=band)
+            route.name += suffix
+            if band is not None:
+                pools = split_pools(config, rewrite)
+                # The client waits for the slowest pool rather than retrying too soon.
+                wait = max(waits.of(pool, band) for pool in pools)
+                route.metadata.CopyFrom(band_metadata(band, " or ".join(pools), wait))
+            yield route
+
+
+def _served_routes(
+    config: RoutingConfig, served: list[_Served], kind: str, waits: RetryAfter
+) -> Iterator[_Any]:
+    """The routes of each served model to its pool (per band with flow control)."""
+    header = config.listener.model_header
+    for pool, model, adapter in served:
+        match = by_model(header, model, kind=kind)
+        for suffix, band, banded in _bands(config, model, match):
+            routes = to_pool(
+                config, pool, model, adapter=adapter, kind=kind, match=banded, band=band
+            )
+            for route in routes:
+                route.name += suffix
+                if band is not None:
+                    route.metadata.CopyFrom(
+                        band_metadata(band, pool.name, waits.of(pool.name, band))
+                    )
+                yield route
+
+
+def _bands(
+    config: RoutingConfig, model: str, match: _Any
+) -> Iterator[tuple[str, Band | None, _Any]]:
+    """(route name suffix, band, match) of each classification route of `model`'s `match`
+    with flow control (_route_bands.classified); without, `match` alone, with no band."""
+    if not config.flow_control.enabled:
+        yield "", None, match
+        return
+    yield from classified(config, model, match)
+
+
+def _unrouted() -> _Any:
+    """Route 10 (module docstring): a request json_to_metadata has not read, to a cluster
+    that never exists."""
     return rc_pb2.Route(
-        name=name,
-        match=match,
-        direct_response=rc_pb2.DirectResponseAction(status=status, body_format=body),
+        name="unrouted",
+        match=rc_pb2.RouteMatch(prefix="/"),
+        route=rc_pb2.RouteAction(
+            cluster=names.UNROUTED_CLUSTER,
+            cluster_not_found_response_code=rc_pb2.RouteAction.INTERNAL_SERVER_ERROR,
+        ),
     )
 
 
-# Routes 1-7 (module docstring): the forwarded paths, exactly, as one RE2 alternation.
-_FORWARDED_REGEX = "|".join(re.escape(path) for path in FORWARDED_PATHS)
-
-
-def _match(*, metadata: _Any | None = None, headers: list[_Any] | None = None) -> _Any:
-    """A forwarded path (FORWARDED_PATHS); `metadata` is a ValueMatcher applied to
-    `llm:model`."""
-    match = rc_pb2.RouteMatch(
-        safe_regex=regex_pb2.RegexMatcher(regex=_FORWARDED_REGEX), headers=headers or []
+def _listener_routes(config: RoutingConfig, routes: list[_Any]) -> _Any:
+    """The listener's route configuration: `routes` in one catch-all virtual host."""
+    virtual_host = rc_pb2.VirtualHost(
+        name=names.VIRTUAL_HOST_NAME,
+        domains=["*"],
+        routes=routes,
+        # Replaces the deprecated per_request_buffer_limit_bytes (both work on 1.40).
+        request_body_buffer_limit=wrappers_pb2.UInt64Value(value=config.listener.max_request_bytes),
     )
-    if metadata is not None:
-        match.dynamic_metadata.append(_metadata_matcher(names.MODEL_KEY, metadata))
-    return match
-
-
-def _metadata_matcher(key: str, value: _Any) -> _Any:
-    """`value` (a ValueMatcher) applied to dynamic metadata `llm:<key>`."""
-    return metadata_pb2.MetadataMatcher(
-        filter=names.METADATA_NAMESPACE,
-        path=[metadata_pb2.MetadataMatcher.PathSegment(key=key)],
-        value=value,
+    return route_pb2.RouteConfiguration(
+        name=names.ROUTE_CONFIG_NAME,
+        virtual_hosts=[virtual_host],
+        # Routes may name a pool's cluster before CDS has it, and the unrouted cluster
+        # never exists (RDS defaults to false already; inline configs to true).
+        validate_clusters=wrappers_pb2.BoolValue(value=False),
+        # The model list grows with the models; Envoy refuses a larger body.
+        max_direct_response_body_size_bytes=wrappers_pb2.UInt32Value(
+            value=answers.direct_response_bytes(routes)
+        ),
     )
-
-
-def _string(*, exact: str | None = None, regex: str | None = None) -> _Any:
-    """A ValueMatcher for a string value, equal to `exact` or fully matching `regex`."""
-    if regex is not None:
-        matcher = string_pb2.StringMatcher(safe_regex=regex_pb2.RegexMatcher(regex=regex))
-    else:
-        matcher = string_pb2.StringMatcher(exact=exact)
-    return value_pb2.ValueMatcher(string_match=matcher)
-
-
-# Route matcher: json_to_metadata has read the request (it always writes `llm:model`).
-_READ = _metadata_matcher(names.MODEL_KEY, value_pb2.ValueMatcher(present_match=True))
