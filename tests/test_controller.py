@@ -17,10 +17,11 @@ from xds_server.envoy.names import band_clusters, long_prompt_clusters
 from xds_server.errors import ConfigError
 from xds_server.policy.admission import BandLoad
 from xds_server.policy.decision import Decider, FleetLoad, PoolLoad
-from xds_server.policy.scoring import MAX_WEIGHT, PodSignals
 from xds_server.policy.shares import EnvoyDemand
+from xds_server.policy.signals import PodSignals
 from xds_server.snapshots import SnapshotBuilder
 from xds_server.telemetry import Telemetry
+from xds_server.tuning import MAX_WEIGHT
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.resources import ResourceType
 

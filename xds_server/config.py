@@ -27,6 +27,7 @@ from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
 from xds_server.errors import ConfigError
+from xds_server.tuning import AdvancedOverrides, Tuning
 
 __all__ = [
     "BANDS",
@@ -180,6 +181,8 @@ class PoolConfig(_Strict):
     # request without `stream` sends nothing until it is done, so neither applies to it.
     first_byte_s: Annotated[float, Field(ge=0, le=3600)] = 10.0
     stream_idle_s: Annotated[float, Field(ge=0, le=3600)] = 60.0
+    # The policy's numbers for this pool, over `balancing.advanced` (docs/tuning.md).
+    advanced: AdvancedOverrides = Field(default_factory=dict)
 
     @property
     def weights_from_metrics(self) -> bool:
@@ -198,6 +201,12 @@ class PoolConfig(_Strict):
             if model.startswith("<") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in model):
                 raise ValueError(f"model name {model!r} is reserved or has control characters")
         return models
+
+    @field_validator("advanced")
+    @classmethod
+    def _known_tuning(cls, advanced: dict[str, float]) -> dict[str, float]:
+        Tuning.model_validate(advanced)
+        return advanced
 
     @field_validator("endpoints")
     @classmethod
@@ -371,6 +380,8 @@ class BalancingConfig(_Strict):
     # request sent there waits behind it. 32 KiB is about 8k tokens of English in JSON.
     long_prompt_bytes: Annotated[int, Field(ge=0)] = 32_768
     long_prompt_weight_factor: Annotated[float, Field(gt=0, le=1)] = 0.01
+    # Every pool's policy numbers (docs/tuning.md); a pool's `advanced` overrides them.
+    advanced: Tuning = Tuning()
     # In a pool with session affinity, a request without a session key is keyed by the
     # first this many bytes of its body's `prompt` as JSON text (0: off), and sticks to a
     # pod like a keyed one. Envoy reaches only a completions `prompt` string of at most
@@ -507,6 +518,19 @@ class RoutingConfig(_Strict):
                     f"{', '.join(unserved)}"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _pool_tuning_valid(self) -> RoutingConfig:
+        for pool in self.pools:
+            try:
+                self.tuning(pool)
+            except ValidationError as error:
+                raise ValueError(f"pool {pool.name!r}: advanced: {error}") from None
+        return self
+
+    def tuning(self, pool: PoolConfig) -> Tuning:
+        """The policy's numbers for `pool`: `balancing.advanced` with its `advanced`."""
+        return self.balancing.advanced.with_overrides(pool.advanced)
 
     def lanes(self, pool: PoolConfig) -> tuple[Lane, ...]:
         """The lanes (clusters) of `pool`: its own, then "session" with session affinity, then

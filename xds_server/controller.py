@@ -26,7 +26,7 @@ from xds_server.policy.decision import (
     FleetLoad,
     PolicyMemory,
 )
-from xds_server.policy.scoring import PodSignals, endpoint_id
+from xds_server.policy.signals import PodSignals, endpoint_id
 from xds_server.snapshots import SnapshotBuilder
 from xds_server.steps import Steps
 from xds_server.telemetry import Telemetry

@@ -73,7 +73,7 @@ from typing import Literal
 
 from xds_server.clock import Clock
 from xds_server.config import RoutingConfig, VerdictsConfig
-from xds_server.policy.scoring import endpoint_id
+from xds_server.policy.signals import endpoint_id
 from xds_server.sources.probe import ProbeFailure, probe_completion
 from xds_server.xds.load_reports import ClusterLoad
 

@@ -14,6 +14,8 @@ from xds_server.policy.admission import (
 )
 from xds_server.policy.shares import EnvoyDemand
 
+# How long limits stand: two scrape intervals of the default 0.25 s.
+HORIZON_S = 0.5
 SETTINGS = FlowControlConfig(
     enabled=True,
     pod_concurrency={"h100": 32, "a10g": 4},
@@ -47,16 +49,21 @@ def test_pod_capacity_by_hardware_and_when_full() -> None:
 
 def test_strict_priority_budgets() -> None:
     pods = [idle(), idle()]  # capacity 64
-    quiet = admit(pods, load=load(), settings=SETTINGS)
+    quiet = admit(pods, load=load(), settings=SETTINGS, horizon_s=HORIZON_S)
     assert quiet.capacity == 64
     assert quiet.budget == {"critical": UNLIMITED, "standard": 64, "sheddable": 64}
 
-    busy = admit(pods, load=load(critical=20, standard=30, sheddable=10), settings=SETTINGS)
+    busy = admit(
+        pods,
+        load=load(critical=20, standard=30, sheddable=10),
+        settings=SETTINGS,
+        horizon_s=HORIZON_S,
+    )
     # Standard gets what Critical and (running) Sheddable leave; Sheddable only the spare.
     assert busy.budget == {"critical": UNLIMITED, "standard": 34, "sheddable": 14}
     assert sum(busy.in_flight.values()) == 60 and busy.saturation == 60 / 64
 
-    flooded = admit(pods, load=load(critical=70), settings=SETTINGS)
+    flooded = admit(pods, load=load(critical=70), settings=SETTINGS, horizon_s=HORIZON_S)
     assert flooded.budget == {"critical": UNLIMITED, "standard": 0, "sheddable": 0}
 
 
@@ -74,6 +81,7 @@ def test_each_envoy_gets_its_part_and_together_they_stay_within_the_budget() -> 
                 by_envoy=demand,
             ),
             settings=SETTINGS,
+            horizon_s=HORIZON_S,
         )
         assert shared.budget["standard"] == 68 - 5
         limits = [shared.limits_of(node)["standard"] for node in demand]
@@ -87,14 +95,18 @@ def test_each_envoy_gets_its_part_and_together_they_stay_within_the_budget() -> 
 def test_a_budget_held_back_for_unseen_replicas_is_not_split() -> None:
     demand = {"a": {"standard": EnvoyDemand(arrivals_per_s=5.0)}}
     shared = admit(
-        [idle()], load=BandLoad(in_flight={}, by_envoy=demand), settings=SETTINGS, reserved=0.5
+        [idle()],
+        load=BandLoad(in_flight={}, by_envoy=demand),
+        settings=SETTINGS,
+        reserved=0.5,
+        horizon_s=HORIZON_S,
     )
     assert shared.budget["standard"] == 32
     assert shared.limits_of("a")["standard"] == 16
 
 
 def test_no_ready_pod_means_no_capacity_but_critical_stays_unlimited() -> None:
-    admission = admit([], load=load(critical=1), settings=SETTINGS)
+    admission = admit([], load=load(critical=1), settings=SETTINGS, horizon_s=HORIZON_S)
     assert admission.capacity == 0
     assert admission.budget == {"critical": UNLIMITED, "standard": 0, "sheddable": 0}
     assert admission.retry_after_s["sheddable"] == SETTINGS.retry_after_max_s
@@ -102,21 +114,27 @@ def test_no_ready_pod_means_no_capacity_but_critical_stays_unlimited() -> None:
 
 def test_retry_after_follows_the_expected_drain_time() -> None:
     pods = [idle()]  # capacity 32
-    light = admit(pods, load=load(standard=10, rate=8.0), settings=SETTINGS)
+    light = admit(pods, load=load(standard=10, rate=8.0), settings=SETTINGS, horizon_s=HORIZON_S)
     assert light.retry_after_s["sheddable"] == 1  # a place is free now: the minimum
-    heavy = admit(pods, load=load(critical=10, standard=60, rate=4.0), settings=SETTINGS)
+    heavy = admit(
+        pods, load=load(critical=10, standard=60, rate=4.0), settings=SETTINGS, horizon_s=HORIZON_S
+    )
     # 70 in flight for 32 places: 39 must finish first at 4/s, about 10 s (ladder: 10).
     assert heavy.retry_after_s["sheddable"] == 10
     assert heavy.retry_after_s["standard"] == 10
-    slower = admit(pods, load=load(critical=10, standard=60, rate=1.0), settings=SETTINGS)
+    slower = admit(
+        pods, load=load(critical=10, standard=60, rate=1.0), settings=SETTINGS, horizon_s=HORIZON_S
+    )
     assert slower.retry_after_s["sheddable"] == 40
-    capped = admit(pods, load=load(standard=500, rate=1.0), settings=SETTINGS)
+    capped = admit(pods, load=load(standard=500, rate=1.0), settings=SETTINGS, horizon_s=HORIZON_S)
     assert capped.retry_after_s["sheddable"] == SETTINGS.retry_after_max_s
 
 
 def test_headroom_keeps_places_free_for_critical() -> None:
     settings = SETTINGS.model_copy(update={"critical_headroom": 0.25})
-    admission = admit([idle(), idle()], load=load(critical=4), settings=settings)
+    admission = admit(
+        [idle(), idle()], load=load(critical=4), settings=settings, horizon_s=HORIZON_S
+    )
     # 64 places, 16 kept for Critical: Standard may take 64 - 16 - 4.
     assert admission.budget["standard"] == 44
     assert admission.budget["sheddable"] == 44
@@ -137,7 +155,9 @@ def test_sheddable_leaves_what_standard_will_take_before_the_next_update() -> No
 
 def test_sheddable_stops_before_the_pool_is_full() -> None:
     settings = SETTINGS.model_copy(update={"sheddable_utilization": 0.75})
-    admission = admit([idle(), idle()], load=load(standard=40), settings=settings)
+    admission = admit(
+        [idle(), idle()], load=load(standard=40), settings=settings, horizon_s=HORIZON_S
+    )
     # 64 places: Standard may fill them all, Sheddable only up to 48 in all.
     assert admission.budget["standard"] == 64
     assert admission.budget["sheddable"] == 8
@@ -156,7 +176,7 @@ def test_an_envoys_part_is_split_over_the_bands_lanes() -> None:
         by_envoy={"a": {"standard": EnvoyDemand(in_flight=8, arrivals_per_s=2.0)}},
         lanes_by_envoy={"a": {"standard": lanes}},
     )
-    admission = admit([idle()], load=load, settings=SETTINGS)  # capacity 32
+    admission = admit([idle()], load=load, settings=SETTINGS, horizon_s=HORIZON_S)  # capacity 32
     limit = admission.limits_of("a")["standard"]
     parts = {lane: admission.lane_limit("a", "standard", lane) for lane in lanes}
     assert sum(parts.values()) == limit == 32
@@ -192,9 +212,15 @@ def test_one_envoys_inflated_report_leaves_every_other_envoys_limits_unchanged()
     held = PodsHeld(requests=40, pods=4)  # capacity 128; the pods run 40
     honest = {"a": 6, "b": 6, "c": 8, "liar": 0}
     standard = {"a": 5, "b": 5, "c": 10, "liar": 0}
-    truth = admit(pods, load=_fleet(honest, standard), settings=SETTINGS, held=held)
+    truth = admit(
+        pods, load=_fleet(honest, standard), settings=SETTINGS, held=held, horizon_s=HORIZON_S
+    )
     lie = admit(
-        pods, load=_fleet({**honest, "liar": 1000}, standard), settings=SETTINGS, held=held
+        pods,
+        load=_fleet({**honest, "liar": 1000}, standard),
+        settings=SETTINGS,
+        held=held,
+        horizon_s=HORIZON_S,
     )
     assert truth.clipped == {}
     assert lie.clipped == {"liar": 1000}
@@ -203,7 +229,12 @@ def test_one_envoys_inflated_report_leaves_every_other_envoys_limits_unchanged()
     for node in ("a", "b", "c"):
         assert lie.limits_of(node) == truth.limits_of(node)
     # Without the check the lie would have taken the Standard budget to nothing.
-    unchecked = admit(pods, load=_fleet({**honest, "liar": 1000}, standard), settings=SETTINGS)
+    unchecked = admit(
+        pods,
+        load=_fleet({**honest, "liar": 1000}, standard),
+        settings=SETTINGS,
+        horizon_s=HORIZON_S,
+    )
     assert unchecked.budget["standard"] == 0 < truth.budget["standard"]
 
 

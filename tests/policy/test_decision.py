@@ -15,8 +15,9 @@ from xds_server.policy.decision import (
     PoolLoad,
     decide,
 )
-from xds_server.policy.scoring import MAX_WEIGHT, PodSignals
 from xds_server.policy.shares import EnvoyDemand
+from xds_server.policy.signals import PodSignals
+from xds_server.tuning import MAX_WEIGHT
 
 CONFIG = parse_config(
     """

@@ -7,8 +7,10 @@ from collections.abc import Mapping
 import pytest
 
 from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
-from xds_server.policy.scoring import MAX_WEIGHT, PodSignals, ScoredPool, score_pool
+from xds_server.policy.scoring import ScoredPool, score_pool
+from xds_server.policy.signals import PodSignals
 from xds_server.policy.state import Health
+from xds_server.tuning import MAX_WEIGHT
 
 POOL = PoolConfig.model_validate(
     {

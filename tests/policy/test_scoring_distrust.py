@@ -10,15 +10,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from xds_server.config import BalancingConfig, PoolConfig
-from xds_server.policy.scoring import (
-    MAX_WEIGHT,
-    MIN_CAPACITY_PEERS,
-    PodSignals,
-    capacity_peer_group,
-    median_without,
-    score_pool,
-)
+from xds_server.policy.capacity import capacity_peer_group, median_without
+from xds_server.policy.scoring import score_pool
+from xds_server.policy.signals import PodSignals
 from xds_server.policy.state import Health
+from xds_server.tuning import MAX_WEIGHT, Tuning
 
 SETTINGS = BalancingConfig(smoothing=1.0)
 HONEST = 80_000  # tokens of KV cache: an H100's, roughly
@@ -142,7 +138,7 @@ def test_a_capacity_far_beyond_the_peers_is_not_believed() -> None:
 def test_with_fewer_than_two_peers_nothing_is_compared() -> None:
     # One peer cannot tell who lies: a pod claiming a tiny cache would get its only,
     # honest, peer refused. The physical bounds (engines.py) still hold.
-    assert MIN_CAPACITY_PEERS == 2
+    assert Tuning().min_capacity_peers == 2
     liar = signals(kv_capacity_tokens=HONEST * 20)
     got = states(pool_of(2), {pod(0): signals(), pod(1): liar})
     assert {health for _, health in got.values()} == {Health.HEALTHY}

@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from llm_sim.pod import SimulatedPod
 from llm_sim.profiles import H100
 from xds_server.app import XdsApplication
-from xds_server.policy.scoring import MAX_WEIGHT
 from xds_server.policy.state import EndpointState, Health
 from xds_server.settings import ServerSettings
+from xds_server.tuning import MAX_WEIGHT
 
 HONEST_BLOCKS = f'num_gpu_blocks="{H100.kv_blocks}"'
 PAGE_CAP = 1 << 20

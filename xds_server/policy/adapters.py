@@ -14,15 +14,15 @@ when one of them breaks, since every change costs an adapter load and a burst of
 2. A hot adapter, one whose requests wait in every advertiser although it is loaded there
    (the pods are full, not short of a slot) and whose demand per advertiser is at least a
    pod's mean load (a burst on a warm adapter is not enough), gets one more pod: a free
-   slot, else, of the pods with room by their smoothed scores and within their slots,
-   the one with the coldest adapter gives it up if it is colder: of a pod's adapters,
-   the least demand, near-equal ones (DEMAND_STEP) by the config's order, the one listed
-   last; of the pods, the one whose adapter is clearly colder (CLEARLY_COLDER), else the
-   one whose adapter is listed last. If nobody else has that one, it waits for a slot on
-   another pod with room, the one whose adapters are listed last (they drain soonest),
-   unless some pod is beyond its slots already (then only a free slot will do; none: no
-   replica this time). One hot replica per pod and decision, so that two hot adapters
-   do not meet on one pod.
+   slot, else, of the pods with room by their smoothed scores and within their slots, the
+   one with the coldest adapter gives it up if it is colder: of a pod's adapters, the least
+   demand, near-equal ones (`Tuning.adapter_demand_step`) by the config's order, the one
+   listed last; of the pods, the one whose adapter is clearly colder
+   (`Tuning.adapter_clearly_colder`), else the one whose adapter is listed last. If nobody
+   else has that one, it waits for a slot on another pod with room, the one whose adapters
+   are listed last (they drain soonest), unless some pod is beyond its slots already (then
+   only a free slot will do; none: no replica this time). One hot replica per pod and
+   decision, so that two hot adapters do not meet on one pod.
 3. A replica nobody needs any more, an adapter on several pods none of which has requests
    waiting, whose demand per pod is below a quarter of a pod's mean load, is dropped
    from its most loaded pod. (2 and 3 need opposite conditions: no flapping.)
@@ -51,44 +51,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from xds_server.tuning import Tuning
+
 __all__ = ["AdapterPod", "place_adapters"]
 
-# A replica is idle when its adapter's demand per advertising pod is below this share of
-# the pods' mean load (rule 3).
-IDLE_REPLICA_SHARE = 0.25
-# Activity above this tells little more (the adapter runs nearly all the time), and the
-# rate estimate from it would diverge at 1.
-MAX_ACTIVITY = 0.95
-# The rate of an adapter never seen running: adapters without history share a pod's load
-# evenly, as at a cold start.
-_RATE_FLOOR = 0.01
-# A pod may take a displaced adapter to wait for a slot while its smoothed score is at
-# least this share of the best pod's. With the default scorers and smoothing, one scrape
-# with two requests waiting takes an idle pod's score to 0.625 (it still may), two in a
-# row to 0.44 (it may not).
-HOME_MIN_SCORE = 0.5
-# A pod's adapters are compared on a geometric ladder of this ratio where near-equal ones
-# must not decide (_coldest): the estimates move with every scrape.
-DEMAND_STEP = 1.25
-# Of the pods that could give a hot adapter a slot, one whose coldest adapter's demand is
-# under the others' by this ratio gives it up; nearer, the configured order decides
-# (_replicate).
-CLEARLY_COLDER = 2.0
+_DEFAULT_TUNING = Tuning()
 
 
-def _rungs(demands: Mapping[str, float]) -> dict[str, float]:
-    """Each demand's rung on a CLEARLY_COLDER ladder that starts at the least positive
-    one: 0 under CLEARLY_COLDER times it, 1 under its square, ...; no demand, -inf."""
+def _rungs(demands: Mapping[str, float], clearly_colder: float) -> dict[str, float]:
+    """Each demand's rung on a `clearly_colder` ladder that starts at the least positive
+    one: 0 under `clearly_colder` times it, 1 under its square, ...; no demand, -inf."""
     base = min((d for d in demands.values() if d > 0), default=1.0)
     return {
-        key: math.floor(math.log(d / base) / math.log(CLEARLY_COLDER)) if d > 0 else -math.inf
+        key: math.floor(math.log(d / base) / math.log(clearly_colder)) if d > 0 else -math.inf
         for key, d in demands.items()
     }
 
 
-def _demand_step(demand: float) -> float:
-    """The rung of the DEMAND_STEP ladder that `demand` is on."""
-    return math.floor(math.log(demand) / math.log(DEMAND_STEP)) if demand > 0 else -math.inf
+def _demand_step(demand: float, step: float) -> float:
+    """The rung of the `step` ladder that `demand` is on."""
+    return math.floor(math.log(demand) / math.log(step)) if demand > 0 else -math.inf
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,13 +101,14 @@ def place_adapters(
     pods: Mapping[str, AdapterPod],
     previous: Mapping[str, tuple[str, ...]],
     activity: Mapping[str, float] = MappingProxyType({}),
+    tuning: Tuning = _DEFAULT_TUNING,
 ) -> dict[str, tuple[str, ...]]:
     """The adapters each pod in `pods` advertises, from the `previous` placement (pods
     without one, as after a restart, start from what they ran most recently up to their
     slots, else from what they run, and what waits in them if it fits their slots; from
     nothing when the pods changed before any ran an adapter); `activity` (0 to 1, absent:
-    0) breaks ties in estimated demand."""
-    return _Placement(adapters, pods, previous, activity).result()
+    0) breaks ties in estimated demand; `tuning` has the rules' thresholds."""
+    return _Placement(adapters, pods, previous, activity, tuning).result()
 
 
 class _Placement:
@@ -137,8 +120,10 @@ class _Placement:
         pods: Mapping[str, AdapterPod],
         previous: Mapping[str, tuple[str, ...]],
         activity: Mapping[str, float],
+        tuning: Tuning,
     ) -> None:
         self.pods = pods
+        self.tuning = tuning
         configured = set(adapters)
         if set(previous) != set(pods) and not any(
             pod.adapters or pod.recent_adapters for pod in pods.values()
@@ -263,7 +248,8 @@ class _Placement:
         ]
         # The pod holding the coldest adapter: what it gives up may end up waiting for a
         # slot, and the coldest adapter's requests are the fewest to wait. Only a clearly
-        # colder one (CLEARLY_COLDER) decides; nearer, the one listed last in the config.
+        # colder one (`Tuning.adapter_clearly_colder`) decides; nearer, the one listed last
+        # in the config.
         # vLLM does not count requests per adapter, so two pods' cold adapters are told
         # apart by their pods' load of the moment: decided on those estimates (first on
         # the exact figures, then on a 1.25x ladder, then with rungs counted from the
@@ -272,7 +258,10 @@ class _Placement:
         # room by their smoothed scores: whether one had a request waiting at that instant
         # decided too.
         given = {key: self._coldest(key) for key in candidates}
-        rungs = _rungs({key: self.demand[given[key]] for key in candidates})
+        rungs = _rungs(
+            {key: self.demand[given[key]] for key in candidates},
+            self.tuning.adapter_clearly_colder,
+        )
         for key in sorted(
             candidates, key=lambda k: (rungs[k], -self.listed[given[k]], *self._named(k))
         ):
@@ -325,31 +314,38 @@ class _Placement:
         )
 
     def _coldest(self, key: str) -> str:
-        """The adapter `key` would give up: the least demand on the DEMAND_STEP ladder, and
-        of near-equal ones the last listed in the config (the configured order breaks
+        """The adapter `key` would give up: the least demand on the `adapter_demand_step`
+        ladder, and of near-equal ones the last listed in the config (the configured order breaks
         ties in `by_demand` too: listed first counts as hotter). Two adapters on one pod
         split its load by their activity, which is about 1 for both at high load, so their
         exact figures differ by noise: on scenario e's seed 3 the pod gave up adapter-7
         in two runs and adapter-3 in the third (P95 TTFT 0.8 s and 10.3 s)."""
         return min(
             self.advertised[key],
-            key=lambda a: (_demand_step(self.demand[a]), -self.listed[a], a),
+            key=lambda a: (
+                _demand_step(self.demand[a], self.tuning.adapter_demand_step),
+                -self.listed[a],
+                a,
+            ),
         )
 
     def _rate(self, adapter: str) -> float:
         """The adapter's relative arrival rate, from its activity (module docstring)."""
-        busy = min(self.activity.get(adapter, 0.0), MAX_ACTIVITY)
-        return _RATE_FLOOR - math.log(1 - busy)
+        busy = min(self.activity.get(adapter, 0.0), self.tuning.max_adapter_activity)
+        return self.tuning.adapter_rate_floor - math.log(1 - busy)
 
     def _coldness(self, adapter: str) -> tuple[float, float]:
         """Estimated demand, then activity: lower is colder."""
         return self.demand[adapter], self.activity.get(adapter, 0.0)
 
     def _has_room(self, key: str) -> bool:
-        """A smoothed score at least HOME_MIN_SCORE of the best pod's (a queue that lasts,
+        """A smoothed score at least `adapter_home_min_score` of the best pod's (a queue that lasts,
         not one scrape with requests waiting), and no hot adapter taken in this
         decision."""
-        return key not in self.received and self.pods[key].score >= HOME_MIN_SCORE * self.best
+        return (
+            key not in self.received
+            and self.pods[key].score >= self.tuning.adapter_home_min_score * self.best
+        )
 
     def _load_per_slot(self, key: str) -> tuple[float, str, str]:
         return self.pods[key].load / self.pods[key].slots, *self._named(key)
@@ -359,6 +355,6 @@ class _Placement:
         holders = self._holders(adapter)
         if len(holders) < 2 or any(self.pods[k].waiting for k in holders):
             return
-        if self.demand[adapter] / len(holders) < IDLE_REPLICA_SHARE * self.mean_load:
+        if self.demand[adapter] / len(holders) < self.tuning.idle_replica_share * self.mean_load:
             busiest = max(holders, key=lambda k: (self.pods[k].load, *self._named(k)))
             self.advertised[busiest].discard(adapter)

@@ -42,29 +42,20 @@ from dataclasses import dataclass, field
 
 from xds_server.config import BANDS, Band, FlowControlConfig
 from xds_server.policy.shares import EnvoyDemand, split_budget
+from xds_server.tuning import RETRY_AFTER_LADDER_S, UNLIMITED, Tuning
 
 __all__ = [
     "BandLoad",
     "PodCapacity",
     "PodsHeld",
     "PoolAdmission",
-    "UNLIMITED",
     "admit",
     "plausible_load",
     "pod_capacity",
 ]
 
-# max_requests for a band that is not limited (Envoy's own default is 1,024).
-UNLIMITED = 1_000_000
-# A KV cache this full is about to preempt: the pod takes nothing more.
-_KV_FULL = 0.95
 _NO_DEMAND = EnvoyDemand()
-# What the Envoys' reports may claim in flight beyond what the pods say they hold
-# (plausible_load): a share of it (scrape lag) and a few per pod (requests in transit).
-PLAUSIBLE_MARGIN = 0.25
-PLAUSIBLE_SLACK_PER_POD = 2
-# Retry-After values in seconds: a changed value is an RDS push, so it moves in coarse steps.
-_RETRY_AFTER_LADDER = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 90, 120, 180)
+_DEFAULT_TUNING = Tuning()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,17 +130,21 @@ class PoolAdmission:
         return total / self.capacity
 
 
-def pod_capacity(pod: PodCapacity, *, settings: FlowControlConfig) -> int:
+def pod_capacity(
+    pod: PodCapacity, *, settings: FlowControlConfig, tuning: Tuning = _DEFAULT_TUNING
+) -> int:
     """Requests `pod` serves at once now (module docstring)."""
     slots = settings.pod_concurrency.get(pod.hardware or "", settings.default_pod_concurrency)
-    full = pod.waiting > 0 or (pod.kv_usage is not None and pod.kv_usage >= _KV_FULL)
+    full = pod.waiting > 0 or (
+        pod.kv_usage is not None and pod.kv_usage >= tuning.admission_kv_full
+    )
     return max(0, min(slots, math.floor(pod.running))) if full else slots
 
 
 def _ladder(seconds: float, *, settings: FlowControlConfig) -> int:
     bounded = min(max(seconds, settings.retry_after_min_s), settings.retry_after_max_s)
-    step = _RETRY_AFTER_LADDER[
-        min(bisect.bisect_left(_RETRY_AFTER_LADDER, bounded), len(_RETRY_AFTER_LADDER) - 1)
+    step = RETRY_AFTER_LADDER_S[
+        min(bisect.bisect_left(RETRY_AFTER_LADDER_S, bounded), len(RETRY_AFTER_LADDER_S) - 1)
     ]
     return int(min(max(step, settings.retry_after_min_s), settings.retry_after_max_s))
 
@@ -159,9 +154,10 @@ def admit(
     *,
     load: BandLoad,
     settings: FlowControlConfig,
-    horizon_s: float = 0.5,
+    horizon_s: float,
     reserved: float = 0.0,
     held: PodsHeld | None = None,
+    tuning: Tuning = _DEFAULT_TUNING,
 ) -> PoolAdmission:
     """The pool's admission from its ready `pods` and the Envoys' `load`. `horizon_s` is
     how long these limits stand before the next ones arrive (what Standard may take
@@ -169,8 +165,8 @@ def admit(
     `reserved` (0 to 1) is the part of each budget held back for Envoys this replica
     cannot see (server replicas it has no word from). `held`, what all the pool's pods
     hold by their metrics, is what the reports must be consistent with (plausible_load)."""
-    capacity = sum(pod_capacity(p, settings=settings) for p in pods)
-    load, clipped = plausible_load(load, held) if held is not None else (load, {})
+    capacity = sum(pod_capacity(p, settings=settings, tuning=tuning) for p in pods)
+    load, clipped = plausible_load(load, held, tuning) if held is not None else (load, {})
     in_flight: dict[Band, int] = {band: max(0, load.in_flight.get(band, 0)) for band in BANDS}
     critical, standard, sheddable = (in_flight[b] for b in BANDS)
     target = capacity * (1 - settings.critical_headroom)
@@ -196,9 +192,7 @@ def admit(
             budget[band] = math.ceil(max(0.0, budgets[band]))
             seen = math.floor(budget[band] * (1 - min(1.0, max(0.0, reserved))))
             max_requests[band] = min(settings.envoy_floor, seen)
-            demands = {
-                node: bands.get(band, _NO_DEMAND) for node, bands in load.by_envoy.items()
-            }
+            demands = {node: bands.get(band, _NO_DEMAND) for node, bands in load.by_envoy.items()}
             limits = split_budget(seen, demands, floor=settings.envoy_floor, horizon_s=horizon_s)
             for node, limit in limits.items():
                 by_envoy[node][band] = limit
@@ -243,20 +237,24 @@ class PodsHeld:
     pods: int
 
 
-def plausible_load(load: BandLoad, held: PodsHeld) -> tuple[BandLoad, dict[str, int]]:
+def plausible_load(
+    load: BandLoad, held: PodsHeld, tuning: Tuning = _DEFAULT_TUNING
+) -> tuple[BandLoad, dict[str, int]]:
     """`load` with the reports no pod could have made true taken down, and what was taken
     off each (node id -> requests).
 
     Every request an Envoy has in flight on the pool is on one of its pods, so all of them
-    together hold at most what the pods say they run and queue, give or take the requests
-    in transit and a scrape's lag (PLAUSIBLE_MARGIN of it, PLAUSIBLE_SLACK_PER_POD per
-    pod). Beyond that, the largest reports are not believed, largest first, until the rest
-    fit: each is set to what the pods hold beyond the others' reports (at least 0), its
+    together hold at most what the pods say they run and queue, give or take the requests in
+    transit and a scrape's lag (`Tuning.plausible_margin` of it, `plausible_slack_per_pod`
+    per pod). Beyond that, the largest reports are not believed, largest first, until the
+    rest fit: each is set to what the pods hold beyond the others' reports (at least 0), its
     bands and demand scaled alike, so one Envoy claiming a thousand Critical requests
     changes neither the budgets nor the shares of the others."""
     if not load.by_envoy:
         return load, {}
-    allowance = held.requests * (1 + PLAUSIBLE_MARGIN) + PLAUSIBLE_SLACK_PER_POD * held.pods
+    allowance = (
+        held.requests * (1 + tuning.plausible_margin) + tuning.plausible_slack_per_pod * held.pods
+    )
     totals = {
         node: sum(demand.in_flight for demand in bands.values())
         for node, bands in load.by_envoy.items()

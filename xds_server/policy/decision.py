@@ -24,7 +24,8 @@ from types import MappingProxyType
 
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.policy.admission import BandLoad, PodCapacity, PodsHeld, PoolAdmission, admit
-from xds_server.policy.scoring import PodSignals, endpoint_id, score_pool
+from xds_server.policy.scoring import score_pool
+from xds_server.policy.signals import PodSignals, endpoint_id
 from xds_server.policy.state import Health, PoolState
 from xds_server.steps import Steps, complete
 
@@ -147,9 +148,7 @@ class Decider:
             known = self._ids[pool.name] = (pool, tuple(endpoint_id(e) for e in pool.endpoints))
         return known[1]
 
-    def decide(
-        self, inputs: DecisionInputs, memory: PolicyMemory
-    ) -> tuple[Decision, PolicyMemory]:
+    def decide(self, inputs: DecisionInputs, memory: PolicyMemory) -> tuple[Decision, PolicyMemory]:
         """As `decide`."""
         return complete(self.steps(inputs, memory))
 
@@ -158,91 +157,121 @@ class Decider:
     ) -> Steps[tuple[Decision, PolicyMemory]]:
         """`decide` in steps, one per pool decided anew (steps.py)."""
         config, signals, load = inputs.config, inputs.signals, inputs.load
-        pools: dict[str, PoolState] = {}
-        remembered: dict[str, PoolMemory] = {}
         own_signals: dict[str, Mapping[str, PodSignals]] = {}
-        for pool in config.pools:
-            if signals is not None:
+        if signals is not None:
+            for pool in config.pools:
                 own_signals[pool.name] = {
                     key: signals[key] for key in self._endpoint_ids(pool) if key in signals
                 }
-            if not pool.weights_from_metrics or signals is None:
-                continue
-            previous = memory.pools.get(pool.name, PoolMemory())
-            pool_load = load.pools.get(pool.name) if load is not None else None
-            long_prompts = pool_load.long_prompts if pool_load is not None else _EMPTY
-            verdicts = pool_load.verdicts if pool_load is not None else _NO_VERDICTS
-            slowness = pool_load.slowness if pool_load is not None else _NO_SLOWNESS
-            key: _ScoringKey = (
-                pool,
-                config.balancing,
-                own_signals[pool.name],
-                long_prompts,
-                verdicts,
-                slowness,
-                previous,
-            )
-            last = self._scored.get(pool.name)
-            if last is not None and last[0] == key:
-                pools[pool.name], remembered[pool.name] = last[1], last[2]
-                continue
-            scored = score_pool(
-                pool,
-                settings=config.balancing,
-                signals=own_signals[pool.name],
-                long_prompts=long_prompts,
-                verdicts=verdicts,
-                slowness=slowness,
-                memory=previous.scores,
-                placement=previous.placement,
-                adapter_activity=previous.adapter_activity,
-                spilled=previous.spilled,
-                draining={endpoint_id(e) for e in pool.endpoints if e.draining},
-            )
-            pools[pool.name] = scored.state
-            remembered[pool.name] = PoolMemory(
-                scores=scored.memory,
-                placement=scored.placement,
-                adapter_activity=scored.adapter_activity,
-                spilled=scored.spilled,
-            )
-            self._scored[pool.name] = (key, pools[pool.name], remembered[pool.name])
-            yield
+        pools: dict[str, PoolState] = {}
+        remembered: dict[str, PoolMemory] = {}
+        if signals is not None:
+            for pool in config.pools:
+                if pool.weights_from_metrics:
+                    fresh = self._score(pool, config, own_signals[pool.name], load, memory)
+                    pools[pool.name], remembered[pool.name], new = fresh
+                    if new:
+                        yield
         admissions: dict[str, PoolAdmission] = {}
         if config.flow_control.enabled and load is not None:
-            # Limits stand about one interval, and reach Envoy within another.
-            horizon_s = 2 * config.balancing.scrape_interval_s
             for pool in config.pools:
-                pool_load = load.pools.get(pool.name)
-                bands = pool_load.bands if pool_load is not None else BandLoad(in_flight={})
-                state = pools.get(pool.name)
-                admission_key: _AdmissionKey = (
-                    pool,
-                    state,
-                    own_signals.get(pool.name, _NO_SIGNALS),
-                    bands,
-                    load.reserved,
-                    config.flow_control,
-                    horizon_s,
+                admissions[pool.name], new = self._admit(
+                    pool, config, pools.get(pool.name), own_signals, signals or {}, load
                 )
-                last_admitted = self._admitted.get(pool.name)
-                if last_admitted is not None and last_admitted[0] == admission_key:
-                    admissions[pool.name] = last_admitted[1]
-                    continue
-                admissions[pool.name] = admit(
-                    _capacity_inputs(pool, state, signals or {}),
-                    load=bands,
-                    reserved=load.reserved,
-                    settings=config.flow_control,
-                    horizon_s=horizon_s,
-                    held=_held(self._endpoint_ids(pool), signals or {}),
-                )
-                self._admitted[pool.name] = (admission_key, admissions[pool.name])
-                yield
+                if new:
+                    yield
         for cache in (self._ids, self._scored, self._admitted):
             for gone in cache.keys() - {p.name for p in config.pools}:
                 del cache[gone]
         return Decision(pools=pools, admissions=admissions), PolicyMemory(pools=remembered)
+
+    def _score(
+        self,
+        pool: PoolConfig,
+        config: RoutingConfig,
+        signals: Mapping[str, PodSignals],
+        load: FleetLoad | None,
+        memory: PolicyMemory,
+    ) -> tuple[PoolState, PoolMemory, bool]:
+        """The pool's endpoint states and memory, and whether they were decided anew."""
+        previous = memory.pools.get(pool.name, PoolMemory())
+        pool_load = load.pools.get(pool.name) if load is not None else None
+        long_prompts = pool_load.long_prompts if pool_load is not None else _EMPTY
+        verdicts = pool_load.verdicts if pool_load is not None else _NO_VERDICTS
+        slowness = pool_load.slowness if pool_load is not None else _NO_SLOWNESS
+        key: _ScoringKey = (
+            pool,
+            config.balancing,
+            signals,
+            long_prompts,
+            verdicts,
+            slowness,
+            previous,
+        )
+        last = self._scored.get(pool.name)
+        if last is not None and last[0] == key:
+            return last[1], last[2], False
+        scored = score_pool(
+            pool,
+            settings=config.balancing,
+            signals=signals,
+            long_prompts=long_prompts,
+            verdicts=verdicts,
+            slowness=slowness,
+            memory=previous.scores,
+            placement=previous.placement,
+            adapter_activity=previous.adapter_activity,
+            spilled=previous.spilled,
+            draining={endpoint_id(e) for e in pool.endpoints if e.draining},
+            tuning=config.tuning(pool),
+        )
+        remembered = PoolMemory(
+            scores=scored.memory,
+            placement=scored.placement,
+            adapter_activity=scored.adapter_activity,
+            spilled=scored.spilled,
+        )
+        self._scored[pool.name] = (key, scored.state, remembered)
+        return scored.state, remembered, True
+
+    def _admit(
+        self,
+        pool: PoolConfig,
+        config: RoutingConfig,
+        state: PoolState | None,
+        own_signals: Mapping[str, Mapping[str, PodSignals]],
+        signals: Mapping[str, PodSignals],
+        load: FleetLoad,
+    ) -> tuple[PoolAdmission, bool]:
+        """The pool's admission, and whether it was decided anew."""
+        tuning = config.tuning(pool)
+        # Limits stand about one interval, and reach Envoy within another.
+        horizon_s = tuning.admission_horizon_intervals * config.balancing.scrape_interval_s
+        pool_load = load.pools.get(pool.name)
+        bands = pool_load.bands if pool_load is not None else BandLoad(in_flight={})
+        key: _AdmissionKey = (
+            pool,
+            state,
+            own_signals.get(pool.name, _NO_SIGNALS),
+            bands,
+            load.reserved,
+            config.flow_control,
+            horizon_s,
+        )
+        last = self._admitted.get(pool.name)
+        if last is not None and last[0] == key:
+            return last[1], False
+        admission = admit(
+            _capacity_inputs(pool, state, signals),
+            load=bands,
+            reserved=load.reserved,
+            settings=config.flow_control,
+            horizon_s=horizon_s,
+            held=_held(self._endpoint_ids(pool), signals),
+            tuning=tuning,
+        )
+        self._admitted[pool.name] = (key, admission)
+        return admission, True
 
 
 def _held(endpoints: tuple[str, ...], signals: Mapping[str, PodSignals]) -> PodsHeld | None:

@@ -9,7 +9,9 @@ unchanged pool costs nothing.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from xds_server.policy.reasons import Reason
 
 __all__ = ["EndpointState", "Health", "PoolState"]
 
@@ -47,10 +49,13 @@ class EndpointState:
     spilling: bool = False
     # Why the Envoys' reports took the pod out of rotation ("stalled", "failing"), if so.
     verdict: str | None = None
+    # Why it has this state, in the order the rules ran (reasons.py). Not compared: a
+    # state whose figures moved but whose weights did not is the same state for Envoy.
+    reasons: tuple[Reason, ...] = field(default=(), compare=False)
 
     @property
     def id(self) -> str:
-        """"address:port", as pods are keyed by the scraper and the policy."""
+        """ "address:port", as pods are keyed by the scraper and the policy."""
         return f"{self.address}:{self.port}"
 
     @property

@@ -13,7 +13,7 @@ Pages are distrusted (a pod's page decides its share of the pool's traffic): the
 reads at most `balancing.max_metrics_page_bytes` of one, the reader refuses values no pod
 can have (metrics/engines.py), and `CapacityCheck` refuses a KV capacity far beyond the
 pod's peers': over `balancing.max_capacity_ratio` times the median of the pool's other
-pods of its hardware class, when there are `MIN_CAPACITY_PEERS` or more of them with a
+pods of its hardware class, when there are `Tuning.min_capacity_peers` or more of them with a
 believed capacity. A refused page is a failed scrape of kind `implausible`: counted,
 logged once per streak with the value and the bound, and the pod's last good metrics age
 out as for any failed scrape.
@@ -31,13 +31,8 @@ from xds_server.errors import ImplausibleMetricsError
 from xds_server.metrics.engines import PodMetrics
 from xds_server.metrics.scraper import PageCheck, Scraper, ScrapeTarget
 from xds_server.metrics.store import MetricsStore, PodObservation
-from xds_server.policy.scoring import (
-    MIN_CAPACITY_PEERS,
-    PodSignals,
-    capacity_peer_group,
-    endpoint_id,
-    median_without,
-)
+from xds_server.policy.capacity import beyond_peers, capacity_peer_group
+from xds_server.policy.signals import PodSignals, endpoint_id
 
 __all__ = [
     "CapacityCheck",
@@ -102,7 +97,7 @@ class CapacityCheck:
     Peers are the pods of the same pool and hardware class (`capacity_peer_group`; a pod
     whose class has a configured `hardware_capacity` is not compared: its KV capacity is
     not used). A page whose capacity is over `max_capacity_ratio` times the median of the
-    other believed capacities of one of its groups, when there are `MIN_CAPACITY_PEERS` or
+    other believed capacities of one of its groups, when there are `Tuning.min_capacity_peers` or
     more, raises `ImplausibleMetricsError`; a page that passes is remembered as the pod's
     believed capacity (the scraper stores it next). A peer's median thus costs a
     bisection per scrape, not a pass over the pool.
@@ -115,12 +110,14 @@ class CapacityCheck:
     def __init__(self, config: RoutingConfig, *, store: MetricsStore | None = None) -> None:
         self.ratio = config.balancing.max_capacity_ratio
         self._groups: dict[str, tuple[str, ...]] = {}
+        self._min_peers: dict[str, int] = {}
         for pool in config.pools:
             if not pool.weights_from_metrics:
                 continue
             for endpoint in pool.endpoints:
                 group = capacity_peer_group(pool, endpoint, config.balancing)
                 if group is not None:
+                    self._min_peers[group] = config.tuning(pool).min_capacity_peers
                     key = endpoint_id(endpoint)
                     self._groups[key] = (*self._groups.get(key, ()), group)
         self._believed: dict[str, int] = {}
@@ -140,11 +137,15 @@ class CapacityCheck:
             previous = self._believed.get(pod_id)
             for group in groups:
                 ordered = self._ordered.get(group, [])
-                peers = len(ordered) - (previous is not None)
-                if peers < MIN_CAPACITY_PEERS:
-                    continue
-                median = median_without(ordered, previous)
-                if capacity > self.ratio * median:
+                median = beyond_peers(
+                    capacity,
+                    ordered,
+                    previous,
+                    ratio=self.ratio,
+                    min_peers=self._min_peers[group],
+                )
+                if median is not None:
+                    peers = len(ordered) - (previous is not None)
                     raise ImplausibleMetricsError(
                         "the KV cache capacity (tokens)",
                         capacity,

@@ -1,0 +1,68 @@
+"""The policy decides every recorded input as it did when it was recorded.
+
+tests/policy/data/decisions.json.gz holds decisions from benchmark scenarios a–f and h
+(`python -m bench.record_decisions`, before the policy was split into named rules). Each is
+decided again, alone (its memory comes from the record), and compared field by field. A
+change of behaviour on purpose re-records and says so in its commit; fields added to the
+policy's outputs since the recording (`ADDED_SINCE`) are left out of the comparison.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.decision_records import Recording, decode_inputs, decode_memory, encode, load
+from xds_server.config import RoutingConfig
+from xds_server.policy.decision import decide
+
+RECORDS = Path(__file__).parent / "data" / "decisions.json.gz"
+# Output fields that did not exist when the decisions were recorded.
+ADDED_SINCE: frozenset[str] = frozenset({"reasons"})
+
+
+@pytest.fixture(scope="module")
+def recording() -> Recording:
+    return load(RECORDS)
+
+
+def test_the_recording_covers_every_rule(recording: Recording) -> None:
+    """Decisions where pods spill, hold adapters, prefill long prompts, are admitted with
+    flow control, and are out of rotation: a replay of idle pools would prove nothing."""
+    seen: Counter[str] = Counter()
+    for record in recording.decisions:
+        seen[record["scenario"]] += 1
+        if record["decision"]["admissions"]:
+            seen["admission"] += 1
+        for pool in record["decision"]["pools"].values():
+            weights = {e["weight"] for e in pool["endpoints"]}
+            seen["unequal weights"] += len(weights) > 1
+            for endpoint in pool["endpoints"]:
+                seen["spilling"] += endpoint["spilling"]
+                seen["adapters"] += bool(endpoint["adapters"])
+                seen["long prompt"] += endpoint["long_prompts"] > 0
+                seen["ring weights"] += endpoint["ring_weight"] is not None
+    for needed in ("a", "b", "c", "d", "e", "f", "h", "admission", "unequal weights"):
+        assert seen[needed] > 0, (needed, seen)
+    for needed in ("spilling", "adapters", "long prompt", "ring weights"):
+        assert seen[needed] > 0, (needed, seen)
+
+
+def _replayed(record: dict[str, Any], config: RoutingConfig) -> tuple[Any, Any]:
+    decision, memory = decide(
+        decode_inputs(record["inputs"], config), decode_memory(record["memory"])
+    )
+    return encode(decision, leave_out=ADDED_SINCE), encode(memory)
+
+
+def test_every_recorded_decision_is_decided_again_the_same(recording: Recording) -> None:
+    configs = [RoutingConfig.model_validate(c) for c in recording.configs]
+    differing = []
+    for index, record in enumerate(recording.decisions):
+        decision, memory = _replayed(record, configs[record["config"]])
+        if decision != record["decision"] or memory != record["next_memory"]:
+            differing.append((index, record["scenario"]))
+    assert not differing, f"{len(differing)} of {len(recording.decisions)} differ: {differing[:10]}"

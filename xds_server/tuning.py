@@ -1,0 +1,337 @@
+"""Every number the policy uses, as data: `Tuning`.
+
+The routing rules (xds_server/policy) take their thresholds from a `Tuning` handed to them
+with the decision's inputs, never from literals, so that each number has a name, a meaning,
+a unit, a default and the benchmark run behind it, and so that an operator can override it
+per pool (`pools[].advanced` over `balancing.advanced` in the routing config) without a
+release. The defaults were tuned on the benchmark's scenarios (docs/benchmark.md); the
+`evidence` of each field names the run. `docs/tuning.md` is generated from this module
+(`python -m xds_server.tuning`), and a test keeps it in step.
+
+The few numbers below `Tuning` are not tuning: limits of Envoy's API or of the policy's
+arithmetic, fixed whatever the traffic.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "AdvancedOverrides",
+    "MAX_WEIGHT",
+    "MIN_RELATIVE_CAPACITY",
+    "RETRY_AFTER_LADDER_S",
+    "UNLIMITED",
+    "Tuning",
+    "reference_markdown",
+]
+
+# The best pod's EDS weight. Large, so that a slow pod's tiny weight keeps its resolution;
+# at most 100,000 so that 10,000 endpoints' weights stay within Envoy's uint32 sum.
+MAX_WEIGHT = 100_000
+# max_requests for a band that is not limited (Envoy's own default is 1,024).
+UNLIMITED = 1_000_000
+# Retry-After values in seconds: a changed value is an RDS push, so it moves in coarse steps.
+RETRY_AFTER_LADDER_S = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 90, 120, 180)
+# A relative capacity is divided by, never below this (a pod of no capacity is still ranked).
+MIN_RELATIVE_CAPACITY = 1e-3
+
+
+def _knob(
+    default: float,
+    *,
+    meaning: str,
+    unit: str,
+    evidence: str,
+    ge: float = 0.0,
+    le: float | None = None,
+    gt: float | None = None,
+) -> Any:
+    return Field(
+        default,
+        ge=None if gt is not None else ge,
+        gt=gt,
+        le=le,
+        description=meaning,
+        json_schema_extra={"unit": unit, "evidence": evidence},
+    )
+
+
+class Tuning(BaseModel):
+    """The policy's thresholds and factors, by rule (docs/tuning.md lists them all)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Weights (scoring.py, factors.py).
+    weight_ladder: float = _knob(
+        1.15,
+        gt=1.0,
+        le=4.0,
+        unit="ratio",
+        meaning="Weights are quantized to MAX_WEIGHT / ratio^k, so that near-equal pods get"
+        " equal weights and small noise does not become an EDS push.",
+        evidence="scenario d (uniform fleet): equal pods balance by plain round robin",
+    )
+    kv_knee: float = _knob(
+        0.8,
+        le=1.0,
+        unit="share of the KV cache",
+        meaning="KV-cache use above which the KV scorer starts to cut a pod's weight.",
+        evidence="design: a pod about to preempt should get less",
+    )
+    kv_floor: float = _knob(
+        0.05,
+        gt=0.0,
+        le=1.0,
+        unit="factor",
+        meaning="The KV scorer's factor at a full cache.",
+        evidence="design",
+    )
+    reference_slots: float = _knob(
+        32.0,
+        gt=0.0,
+        le=100_000,
+        unit="requests",
+        meaning="The batch a pod of the pool's largest capacity is assumed to run, for the"
+        " running scorer (off by default).",
+        evidence="bench/results/h-running-scorer",
+    )
+    prefix_cache_base: float = _knob(
+        0.5,
+        gt=0.0,
+        le=10.0,
+        unit="factor",
+        meaning="The prefix-cache scorer's factor at a hit rate of 0 (it is base + hit rate;"
+        " the scorer is off by default).",
+        evidence="design",
+    )
+    # Capacity (capacity.py).
+    min_capacity_peers: int = _knob(
+        2,
+        ge=1,
+        le=1000,
+        unit="pods",
+        meaning="The fewest other pods of a hardware class whose median a KV capacity is"
+        " compared with: with one, a pod that claimed a tiny cache could get its only peer"
+        " refused; with two, one liar moves the median by at most half.",
+        evidence="tests/policy/test_scoring_distrust.py",
+    )
+    # Spilling session keys (spill.py).
+    spill_full: float = _knob(
+        0.8,
+        le=1.0,
+        unit="share of batch_limit",
+        meaning="A pod whose batch reaches this share of the pool's batch_limit, the other"
+        " pods queueing nothing, spills its keys.",
+        evidence="bench/results/h (scenario h, 3 seeds)",
+    )
+    spill_release: float = _knob(
+        0.6,
+        le=1.0,
+        unit="share of batch_limit",
+        meaning="A spilling pod keeps spilling while its batch is at this share or more"
+        " (released at its first short queue, a full pod took its keys back and queued"
+        " again at once); below it a queue is a prefill backlog.",
+        evidence="bench/results/h-first-spill",
+    )
+    spill_ahead_full: float = _knob(
+        0.65,
+        le=1.0,
+        unit="share of batch_limit",
+        meaning="A pod clearly ahead of the others (spill_ahead) spills from this share of"
+        " the limit: a hot key's pod, not a busy pool.",
+        evidence="bench/results/h-ahead",
+    )
+    spill_ahead: float = _knob(
+        1.5,
+        ge=1.0,
+        le=100.0,
+        unit="x other pods' median batch",
+        meaning="How far ahead of the other pods' median batch a pod is 'clearly ahead'.",
+        evidence="bench/results/h-ahead",
+    )
+    spill_queue_ratio: float = _knob(
+        2.0,
+        ge=1.0,
+        le=100.0,
+        unit="x other pods' median queue",
+        meaning="A pod spills when it queues beyond queue_slack plus this many times the"
+        " other pods' median queue.",
+        evidence="bench/results/c-3-seeds, bench/results/h",
+    )
+    spill_max_hit_rate: float = _knob(
+        0.5,
+        le=1.0,
+        unit="share of prompt tokens",
+        meaning="A pod whose prefix cache serves this share of its prompt tokens or more"
+        " keeps its keys through a full batch (its prefixes are worth more than a wait).",
+        evidence="bench/results/c-3-seeds",
+    )
+    max_miss_cost_hit_rate: float = _knob(
+        0.95,
+        le=0.999,
+        unit="share of prompt tokens",
+        meaning="The most hit rate counted in a backlog's miss cost (19 requests), so that a"
+        " cached pod's keys still move when its queue runs away.",
+        evidence="bench/results/c-3-seeds",
+    )
+    max_spilling_share: float = _knob(
+        0.5,
+        le=1.0,
+        unit="share of healthy pods",
+        meaning="At most this share of a pool's healthy pods spill, the most loaded first:"
+        " with three of four out, one pod took every key.",
+        evidence="bench/results/h-spill-to-pool",
+    )
+    # Health (health.py).
+    max_stalled_share: float = _knob(
+        0.5,
+        le=1.0,
+        unit="share of the pool's pods",
+        meaning="Engine counters that show more than this share of a pool stalled are not"
+        " believed (a pool does not wedge all at once; an exporter can).",
+        evidence="design, as verdicts.py judges at most half a pool",
+    )
+    # LoRA adapters (adapters.py, adapter_demand.py).
+    adapter_activity_smoothing: float = _knob(
+        0.05,
+        gt=0.0,
+        le=1.0,
+        unit="share per decision",
+        meaning="An adapter's activity moves this share of the way to 1 (some pod runs it)"
+        " or 0 at each decision: it remembers about the last 20.",
+        evidence="bench/results/e-stability",
+    )
+    idle_replica_share: float = _knob(
+        0.25,
+        le=10.0,
+        unit="x the pods' mean load",
+        meaning="A replica is idle when its adapter's demand per advertising pod is below"
+        " this share of the pods' mean load (then dropped).",
+        evidence="bench/results/e-stability",
+    )
+    max_adapter_activity: float = _knob(
+        0.95,
+        gt=0.0,
+        le=0.999,
+        unit="share of decisions",
+        meaning="Activity above this tells little more, and the rate estimate from it would"
+        " diverge at 1.",
+        evidence="design",
+    )
+    adapter_rate_floor: float = _knob(
+        0.01,
+        gt=0.0,
+        le=1.0,
+        unit="requests",
+        meaning="The rate of an adapter never seen running: adapters without history share"
+        " a pod's load evenly.",
+        evidence="design",
+    )
+    adapter_home_min_score: float = _knob(
+        0.5,
+        le=1.0,
+        unit="share of the best pod's score",
+        meaning="A pod may take a displaced adapter to wait for a slot while its smoothed"
+        " score is at least this share of the best pod's.",
+        evidence="bench/results/e-stability",
+    )
+    adapter_demand_step: float = _knob(
+        1.25,
+        gt=1.0,
+        le=10.0,
+        unit="ratio",
+        meaning="A pod's adapters are compared on a geometric ladder of this ratio where"
+        " near-equal ones must not decide.",
+        evidence="bench/results/e-stability",
+    )
+    adapter_clearly_colder: float = _knob(
+        2.0,
+        gt=1.0,
+        le=100.0,
+        unit="ratio",
+        meaning="Of the pods that could give a hot adapter a slot, one whose coldest"
+        " adapter's demand is under the others' by this ratio gives it up.",
+        evidence="bench/results/e-stability",
+    )
+    # Admission (admission.py).
+    admission_kv_full: float = _knob(
+        0.95,
+        le=1.0,
+        unit="share of the KV cache",
+        meaning="A pod whose KV cache is this full is about to preempt: admission counts it full.",
+        evidence="bench/results/f",
+    )
+    plausible_margin: float = _knob(
+        0.25,
+        le=100.0,
+        unit="share of the pods' requests",
+        meaning="What the Envoys' reports may claim in flight beyond what the pods hold:"
+        " this share of it (scrape lag)...",
+        evidence="tests/policy/test_admission.py",
+    )
+    plausible_slack_per_pod: float = _knob(
+        2.0,
+        le=10_000,
+        unit="requests per pod",
+        meaning="... and this many per pod (requests in transit).",
+        evidence="tests/policy/test_admission.py",
+    )
+    admission_horizon_intervals: float = _knob(
+        2.0,
+        gt=0.0,
+        le=100.0,
+        unit="scrape intervals",
+        meaning="How long the admission's limits stand: about one interval, and another to"
+        " reach Envoy.",
+        evidence="bench/results/f",
+    )
+
+    @model_validator(mode="after")
+    def _spill_thresholds_in_order(self) -> Tuning:
+        if not self.spill_release <= self.spill_ahead_full <= self.spill_full:
+            raise ValueError(
+                "spill thresholds out of order: need spill_release <= spill_ahead_full <="
+                f" spill_full, got {self.spill_release} / {self.spill_ahead_full} /"
+                f" {self.spill_full}"
+            )
+        return self
+
+    def with_overrides(self, overrides: dict[str, float]) -> Tuning:
+        """This tuning with `overrides` (validated: an unknown name or a value out of range
+        is a ValueError)."""
+        if not overrides:
+            return self
+        return Tuning.model_validate({**self.model_dump(), **overrides})
+
+
+def reference_markdown() -> str:
+    """docs/tuning.md: every field of `Tuning`, its default, unit, meaning and evidence."""
+    lines = [
+        "# Tuning reference",
+        "",
+        "Every number the routing policy uses (`xds_server/tuning.py`). Override them for every",
+        "pool under `balancing.advanced`, or for one pool under `pools[].advanced`, in the",
+        "routing config; values are validated (unknown names and values out of range are",
+        "refused). Generated by `python -m xds_server.tuning`; a test keeps it in step.",
+        "",
+        "| name | default | unit | meaning | evidence |",
+        "|---|---|---|---|---|",
+    ]
+    for name, field in Tuning.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        lines.append(
+            f"| `{name}` | {field.default:g} | {extra.get('unit', '')} | {field.description}"
+            f" | {extra.get('evidence', '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# A pool's `advanced:` overrides: names of Tuning's fields with their values.
+AdvancedOverrides = Annotated[dict[str, float], Field(max_length=len(Tuning.model_fields))]
+
+
+if __name__ == "__main__":
+    print(reference_markdown(), end="")
