@@ -1484,8 +1484,8 @@ def _admitted_sources(docs: list[Doc], to: Doc, port: int) -> set[str]:
 
 
 def test_the_servers_xds_port_admits_envoy_and_its_peers_only(rendered: list[Doc]) -> None:
-    """Envoys' ADS, LRS and ALS streams, and the replicas' load exchange pod to pod (the
-    README's "How replicas find each other"), all on the xDS port."""
+    """Envoys' ADS, LRS and ALS streams, and the replicas' load exchange pod to pod
+    (docs/flow-control.md, "Server replicas"), all on the xDS port."""
     server = _server(rendered)
     xds_port = _parser().parse_args(_container(server)["args"]).xds_port
     assert xds_port in [p["containerPort"] for p in _container(server)["ports"]]

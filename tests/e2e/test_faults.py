@@ -137,7 +137,7 @@ async def test_one_resetting_pod_of_four_costs_no_request_at_32_concurrent_clien
     backends, config_file, gateway_factory, http
 ) -> None:
     """The default retry budget covers one pod of four that resets everything it gets,
-    at the README's 32 clients: every request is retried to a good pod and answered."""
+    at docs/failures.md's 32 clients: every request is retried to a good pod and answered."""
     good = [await backends(f"good{i}", models=["m"], token_delay=0.002) for i in range(3)]
     async with FaultyServer(Fault.RESET) as bad:
         config_file.write(
