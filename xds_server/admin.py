@@ -27,6 +27,9 @@ default (`default_debug_port`; 0 picks a free port, as tests do).
                  limits per pool and band, and each band's fleet-wide budget
 /debug/snapshot  the snapshot of every group: versions and resource names; and the
                  versions of each Envoy that has its own admission limits
+/debug/decision  every GPU-aware pool's endpoint states (weight, health, spill, adapters)
+                 with the reasons the policy gave for each, figures included (`?pool=`
+                 for one pool), and the bounded set of reason codes metrics label with
 /debug/config    the routing config in force, the last config error, why spilled keys go
                  to the ring if an Envoy refused a spill listener, and on Kubernetes the
                  watches, objectives and objects that could not be used
@@ -50,6 +53,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from xds_server.clock import to_thread
 from xds_server.controller import Controller
+from xds_server.policy.reasons import CODES
 from xds_server.telemetry import Telemetry
 from xds_server.telemetry.bands import DecisionView
 from xds_server.telemetry.pools import healthy_endpoints
@@ -192,6 +196,20 @@ def make_debug_app(
     async def snapshot(_: web.Request) -> web.Response:
         return _json(cache.to_json())
 
+    async def decision(request: web.Request) -> web.Response:
+        wanted = request.query.get("pool")
+        decided = controller.decision
+        return await _json_off_loop(
+            {
+                "pools": {
+                    name: [endpoint.to_json() for endpoint in state.endpoints]
+                    for name, state in decided.pools.items()
+                    if wanted is None or name == wanted
+                },
+                "reason_codes": list(CODES),
+            }
+        )
+
     async def config(_: web.Request) -> web.Response:
         current = controller.config
         return _json(
@@ -206,6 +224,7 @@ def make_debug_app(
     app = web.Application()
     app.router.add_get("/debug/nodes", nodes)
     app.router.add_get("/debug/snapshot", snapshot)
+    app.router.add_get("/debug/decision", decision)
     app.router.add_get("/debug/config", config)
     return app
 

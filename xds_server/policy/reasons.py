@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-__all__ = ["CODES", "Reason", "ReasonCode"]
+__all__ = ["CODES", "SPILL_CODES", "Reason", "ReasonCode"]
 
 ReasonCode = Literal[
     # Health: out of rotation, or not in it yet.
@@ -40,6 +40,10 @@ ReasonCode = Literal[
     "weight_prefix_cache",
 ]
 CODES: tuple[ReasonCode, ...] = get_args(ReasonCode)
+# The codes of the rules that make a pod spill.
+SPILL_CODES: frozenset[ReasonCode] = frozenset(
+    {"spill_queue", "spill_batch_full", "spill_batch_ahead", "spill_held", "long_prompt"}
+)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from xds_server.policy.reasons import Reason
+from xds_server.policy.reasons import SPILL_CODES, Reason
 
 __all__ = ["EndpointState", "Health", "PoolState"]
 
@@ -57,6 +57,37 @@ class EndpointState:
     def id(self) -> str:
         """ "address:port", as pods are keyed by the scraper and the policy."""
         return f"{self.address}:{self.port}"
+
+    @property
+    def state(self) -> str:
+        """healthy, spilling (healthy, its keys sent elsewhere), draining or unhealthy."""
+        if self.spilling and self.health is Health.HEALTHY:
+            return "spilling"
+        return self.health.value
+
+    @property
+    def spill_reason(self) -> str | None:
+        """The code of the rule that makes it spill (None when it does not)."""
+        if not self.spilling:
+            return None
+        return next((r.code for r in self.reasons if r.code in SPILL_CODES), None)
+
+    def to_json(self) -> dict[str, object]:
+        """The state as /debug/decision shows it."""
+        return {
+            "pod": self.id,
+            "name": self.name,
+            "state": self.state,
+            "weight": self.weight,
+            "ring_weight": self.ring_weight,
+            "health": self.health.value,
+            "spilling": self.spilling,
+            "long_prompts": self.long_prompts,
+            "adapters": list(self.adapters),
+            "hardware": self.hardware,
+            "verdict": self.verdict,
+            "reasons": [{"code": r.code, "detail": r.detail} for r in self.reasons],
+        }
 
     @property
     def ring_key(self) -> str:

@@ -26,6 +26,9 @@ class Observations(Protocol):
 
 
 _LABELS = ["pool", "pod"]
+# Labels some families have besides pool and pod (reasons come from a bounded set:
+# policy/reasons.py CODES).
+_EXTRA = {"verdict": ("reason",), "spilling": ("reason",), "state": ("state", "reason")}
 
 # Each family: its key in `collect`, its name and its documentation.
 _FAMILIES = {
@@ -43,7 +46,14 @@ _FAMILIES = {
     "spilling": (
         "xds_pod_spilling",
         "1 while the pod queues or prefills a long prompt: DEGRADED in its pool (nothing new"
-        " while another pod is healthy) and its session keys sent to other pods, else 0.",
+        " while another pod is healthy) and its session keys sent to other pods, else 0"
+        " (label reason: the spill rule, or none).",
+    ),
+    "state": (
+        "xds_pod_state",
+        "1 for the pod's state (label state: healthy, spilling, draining or unhealthy) and"
+        " the first reason the policy gave for it (label reason, none without one;"
+        " /debug/decision has every reason with its figures).",
     ),
     "verdict": (
         "xds_pod_verdict",
@@ -64,9 +74,7 @@ class PodCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {
-            key: GaugeMetricFamily(
-                name, documentation, labels=[*_LABELS, "reason"] if key == "verdict" else _LABELS
-            )
+            key: GaugeMetricFamily(name, documentation, labels=[*_LABELS, *_EXTRA.get(key, ())])
             for key, (name, documentation) in _FAMILIES.items()
         }
         observations = self._pods.observations()
@@ -79,7 +87,11 @@ class PodCollector(Collector):
                 families["healthy"].add_metric(
                     labels, 1.0 if endpoint.health is Health.HEALTHY else 0.0
                 )
-                families["spilling"].add_metric(labels, float(endpoint.spilling))
+                families["spilling"].add_metric(
+                    [*labels, endpoint.spill_reason or "none"], float(endpoint.spilling)
+                )
+                first = endpoint.reasons[0].code if endpoint.reasons else "none"
+                families["state"].add_metric([*labels, endpoint.state, first], 1.0)
                 families["adapters"].add_metric(labels, len(endpoint.adapters))
                 if endpoint.verdict is not None:
                     families["verdict"].add_metric([*labels, endpoint.verdict], 1.0)
