@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from xds_server.config import RoutingConfig
-from xds_server.snapshots import SnapshotBuilder
+from xds_server.snapshot_builder import SnapshotBuilder
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.sotw import SotwStream
 from xds_server.xds.stream import Response

@@ -19,7 +19,7 @@ from xds_server.policy.admission import BandLoad
 from xds_server.policy.decision import Decider, FleetLoad, PoolLoad
 from xds_server.policy.shares import EnvoyDemand
 from xds_server.policy.signals import PodSignals
-from xds_server.snapshots import SnapshotBuilder
+from xds_server.snapshot_builder import SnapshotBuilder
 from xds_server.telemetry import Telemetry
 from xds_server.tuning import MAX_WEIGHT
 from xds_server.xds.cache import SnapshotCache

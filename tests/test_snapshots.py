@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from envoy.config.endpoint.v3 import endpoint_pb2
 
-from xds_server import snapshots
+from xds_server import snapshot_builder
 from xds_server.config import RoutingConfig, parse_config
 from xds_server.errors import ResourceBuildError
-from xds_server.snapshots import SnapshotBuilder
+from xds_server.snapshot_builder import SnapshotBuilder
 from xds_server.xds.resources import ResourceType
 
 
@@ -60,7 +60,7 @@ def test_a_build_that_fails_part_way_loses_no_change(monkeypatch: pytest.MonkeyP
         raise ResourceBuildError("a route that cannot be built")
 
     with monkeypatch.context() as patch:
-        patch.setattr(snapshots.envoy, "build_routes", broken)
+        patch.setattr(snapshot_builder.envoy, "build_routes", broken)
         with pytest.raises(ResourceBuildError):
             builder.build(_config(5, port=9090))
     assert _weight(builder.build(_config(5)), "a") == 5

@@ -30,7 +30,7 @@ from xds_server.errors import ConfigError, XdsServerError
 from xds_server.fleet_load import EnvoyLoad
 from xds_server.metrics.scraper import Scraper
 from xds_server.metrics.store import MetricsStore
-from xds_server.peering.kubernetes import KubernetesPeers
+from xds_server.peering.kubernetes_peers import KubernetesPeers
 from xds_server.peering.links import PeerLinks
 from xds_server.peering.reports import ReplicaReport
 from xds_server.peering.service import PeeringServer
@@ -41,19 +41,19 @@ from xds_server.sources.pod_metrics import PodMetricsSource, follow_config
 from xds_server.sources.routing_config import routing_config_documents
 from xds_server.telemetry import Telemetry
 from xds_server.telemetry.bands import BandCollector
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 from xds_server.telemetry.loop_lag import timing_gc, watch_loop_lag
 from xds_server.telemetry.pods import PodCollector
 from xds_server.telemetry.pools import PoolCollector
 from xds_server.telemetry.scrape import ScrapeTelemetry
 from xds_server.verdicts import PodVerdicts, run_probes
 from xds_server.xds.access_logs import AccessLogServer, PrefillingPrompts
+from xds_server.xds.ads import AdsServer
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.identity import Authenticator, IdentityPolicy
 from xds_server.xds.load_reports import LoadReports
 from xds_server.xds.load_stats import LoadStatsServer
 from xds_server.xds.nodes import NodeRegistry
-from xds_server.xds.server import AdsServer
 from xds_server.xds.tls import TlsCredentials, TlsFiles
 
 __all__ = ["XdsApplication"]

@@ -27,7 +27,7 @@ from xds_server.policy.decision import (
     PolicyMemory,
 )
 from xds_server.policy.signals import PodSignals, endpoint_id
-from xds_server.snapshots import SnapshotBuilder
+from xds_server.snapshot_builder import SnapshotBuilder
 from xds_server.steps import Steps
 from xds_server.telemetry import Telemetry
 from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache

@@ -2,7 +2,7 @@
 
 At fleet size a decision or a build can take tens of milliseconds, and one event loop
 also runs every ADS stream, ACK, load report and health probe. So the long pure functions
-(`policy.Decider.steps`, `snapshots.SnapshotBuilder.build_steps`) are generators that
+(`policy.Decider.steps`, `snapshot_builder.SnapshotBuilder.build_steps`) are generators that
 yield between pieces of work (a pool, a batch of Envoys): the controller drives them,
 handing the loop back whenever a slice has run long enough, and a test or a one-off caller
 runs them to the end with `complete`. Yielding changes nothing in the result.

@@ -14,7 +14,7 @@ from xds_server.envoy.runtime import admission_layer
 from xds_server.errors import ResourceBuildError
 from xds_server.policy.admission import UNLIMITED, PoolAdmission
 from xds_server.policy.decision import Decision
-from xds_server.snapshots import SnapshotBuilder
+from xds_server.snapshot_builder import SnapshotBuilder
 from xds_server.xds.resources import ResourceType
 
 LIMIT = "circuit_breakers.alpha/critical.default.max_requests"

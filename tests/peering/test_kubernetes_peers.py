@@ -18,10 +18,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.sources.kubernetes.apiserver import ApiServerDouble
-from xds_server.peering.kubernetes import KubernetesPeers
+from xds_server.peering.kubernetes_peers import KubernetesPeers
 from xds_server.settings import WatchSettings
 from xds_server.sources.kubernetes.client import api_client
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 NAMESPACE = "xds-server"
 LABELS = {"app.kubernetes.io/name": "xds-server", "app.kubernetes.io/component": "control-plane"}

@@ -11,9 +11,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
 from xds_server.telemetry import Telemetry
+from xds_server.xds.ads import AdsServer
 from xds_server.xds.cache import SnapshotCache
 from xds_server.xds.nodes import NodeRegistry
-from xds_server.xds.server import AdsServer
 
 
 @dataclass

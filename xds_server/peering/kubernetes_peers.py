@@ -30,7 +30,7 @@ import kubernetes.client
 
 from xds_server.settings import WatchSettings
 from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher, watch_options
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 __all__ = ["KubernetesPeers"]
 

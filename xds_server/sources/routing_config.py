@@ -20,7 +20,7 @@ from xds_server.sources.config_file import watch_config_file
 from xds_server.sources.kubernetes.configmap import watch_configmap
 from xds_server.sources.kubernetes.events import EventRecorder
 from xds_server.telemetry import Telemetry
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 __all__ = ["routing_config_documents"]
 

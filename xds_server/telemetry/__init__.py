@@ -1,12 +1,12 @@
 """Every Prometheus metric the server exports, in one registry per server instance.
 
-    server.py      Telemetry: xDS streams and pushes, snapshots, config reloads, LRS, ALS
+    registry.py    Telemetry: xDS streams and pushes, snapshots, config reloads, LRS, ALS
     scrape.py      ScrapeTelemetry: scrapes of model-server metrics pages
-    kubernetes.py  KubernetesTelemetry: list/watch and Events
+    kubernetes_api.py  KubernetesTelemetry: list/watch and Events
     pods.py        PodCollector: xds_pod_* per pod, read at scrape time
     bands.py       BandCollector: xds_band_* and xds_pool_* (flow control), read at scrape time
     pools.py       PoolCollector: xds_pool_healthy_endpoints, read at scrape time (and /readyz)
-    load_reports.py  InProgressCollector: xds_lrs_requests_in_progress, read at scrape time
+    lrs_in_progress.py  InProgressCollector: xds_lrs_requests_in_progress, read at scrape time
     loop_lag.py    the event loop's lag and the garbage collector's pauses
 
 The components that produce the numbers do not know Prometheus where they can avoid it:
@@ -15,6 +15,6 @@ read the controller's latest decision through a protocol, not the controller its
 README's metrics reference lists every series.
 """
 
-from xds_server.telemetry.server import Telemetry
+from xds_server.telemetry.registry import Telemetry
 
 __all__ = ["Telemetry"]

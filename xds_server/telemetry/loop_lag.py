@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from xds_server.telemetry.server import Telemetry
+from xds_server.telemetry.registry import Telemetry
 
 __all__ = ["LOOP_LAG_INTERVAL_S", "timing_gc", "watch_loop_lag"]
 

@@ -45,7 +45,7 @@ from envoy.config.endpoint.v3 import load_report_pb2
 
 from xds_server.clock import Clock
 from xds_server.telemetry import Telemetry
-from xds_server.telemetry.load_reports import InProgressCollector
+from xds_server.telemetry.lrs_in_progress import InProgressCollector
 from xds_server.xds.cache import NodeHash, by_node_cluster
 
 __all__ = [

@@ -1,7 +1,7 @@
 """What the protocol state machines (sotw.py, delta.py) share: responses and the observer seam.
 
 The state machines are synchronous and do no I/O: they take a request or a new snapshot and
-return the responses to send, in order. The gRPC glue in server.py does the sending. That
+return the responses to send, in order. The gRPC glue in ads.py does the sending. That
 keeps every protocol rule testable without sockets.
 """
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from tests.sources.kubernetes.apiserver import ApiServerDouble
 from xds_server.sources.kubernetes.client import api_client
 from xds_server.sources.kubernetes.events import EventRecorder, event_for
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 LOGGER = "xds_server.sources.kubernetes.events"
 

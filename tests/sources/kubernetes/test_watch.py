@@ -28,7 +28,7 @@ from xds_server.sources.kubernetes.client import (
     own_namespace,
 )
 from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 LOGGER = "xds_server.sources.kubernetes.watch"
 PODS = ResourceKind(group="", version="v1", plural="pods", namespace="default")

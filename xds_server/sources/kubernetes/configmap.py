@@ -35,7 +35,7 @@ from xds_server.sources.config_document import (
 from xds_server.sources.kubernetes.events import EventRecorder
 from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher, watch_options
 from xds_server.telemetry import Telemetry
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 __all__ = ["CONFIG_KEY", "watch_configmap"]
 

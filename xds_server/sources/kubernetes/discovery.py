@@ -31,7 +31,7 @@ from xds_server.sources.kubernetes.inventory import (
     pools_with_selectors,
 )
 from xds_server.sources.kubernetes.watch import ResourceKind, ResourceWatcher, watch_options
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 __all__ = ["INFERENCE_KINDS", "KubernetesDiscovery"]
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import kubernetes.client
 
 from xds_server.sources.kubernetes.client import kubernetes_error
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 __all__ = ["EventRecorder", "EventType", "event_for"]
 

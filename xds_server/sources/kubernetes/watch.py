@@ -54,7 +54,7 @@ from xds_server.sources.kubernetes.client import (
     CallMarker,
     kubernetes_error,
 )
-from xds_server.telemetry.kubernetes import KubernetesTelemetry
+from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 
 __all__ = [
     "ChangeCallback",
