@@ -20,6 +20,7 @@ from xds_server.config import (
     read_document,
 )
 from xds_server.errors import ConfigError
+from xds_server.tuning import Tuning
 
 GOOD = """
 listener: {address: 127.0.0.1, port: 8080}
@@ -111,6 +112,17 @@ def test_good_config_with_defaults() -> None:
             "{model: x, targets: [{model: m, weight: 2}]}]",
             "models rewritten twice: x",
         ),
+        ("pools: [{name: a, models: [m], advanced: {spill_ful: 0.9}}]", "spill_ful"),
+        ("balancing: {advanced: {kv_knee: 1.5}}\npools: [{name: a, models: [m]}]", "kv_knee"),
+        (
+            "pools: [{name: a, models: [m], advanced: {spill_full: 0.5}}]",
+            "spill thresholds out of order",
+        ),
+        (
+            "balancing: {advanced: {spill_release: 0.7}}\n"
+            "pools: [{name: a, models: [m], advanced: {spill_ahead_full: 0.68}}]",
+            "spill thresholds out of order",
+        ),
     ],
 )
 def test_bad_config_names_the_problem(document: str, message: str) -> None:
@@ -118,6 +130,18 @@ def test_bad_config_names_the_problem(document: str, message: str) -> None:
         parse_config(document, source="test.yaml")
     assert message in str(caught.value)
     assert str(caught.value).startswith("test.yaml: ")
+
+
+def test_a_pools_advanced_tuning_overrides_the_balancing_defaults_for_it_alone() -> None:
+    config = parse_config(
+        "balancing: {advanced: {spill_full: 0.9, kv_knee: 0.7}}\n"
+        "pools: [{name: a, models: [m], advanced: {spill_full: 0.85}}, {name: b, models: [n]}]",
+        source="test.yaml",
+    )
+    a, b = config.pools
+    assert (config.tuning(a).spill_full, config.tuning(a).kv_knee) == (0.85, 0.7)
+    assert (config.tuning(b).spill_full, config.tuning(b).kv_knee) == (0.9, 0.7)
+    assert config.tuning(b).spill_release == Tuning().spill_release
 
 
 def test_load_config_reports_unreadable_file(tmp_path: Path) -> None:

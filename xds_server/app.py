@@ -3,7 +3,7 @@
     sources: config file or ConfigMap, Kubernetes, pod metrics ──┐
     xDS edge: LRS load reports, ALS long prompts ─┬ fleet_load ──┤
     peering: the other replicas' Envoys' load ────┘              ▼
-    controller ── policy.decide ── snapshots ── xds cache ── ADS, to every Envoy
+    controller ── policy.decide ── snapshot_builder ── xds cache ── ADS, to every Envoy
 
 `XdsApplication` is an async context manager so that the CLI, the local demo and the tests
 start and stop exactly the same thing. What it opens is kept on an AsyncExitStack: a part

@@ -2,7 +2,7 @@
 
 Inputs (the routing config, the pods' metrics, the Envoys' load) mark the state dirty;
 shortly after (see Controller) the policy decides (`policy.decide`, pure) and the snapshot
-builder (snapshots.py) turns the decision into a snapshot for the cache. An unchanged
+builder (snapshot_builder.py) turns the decision into a snapshot for the cache. An unchanged
 decision builds nothing. A config that fails validation, or a snapshot that cannot be
 built, is logged and counted, and the last good snapshot stays in force.
 """
@@ -81,7 +81,7 @@ class Controller:
     sources hand out the same objects while nothing changed) and whose memory came back
     unchanged would give the same decision, so it is skipped; each pool is decided again
     only when its own inputs changed (policy.Decider); a decision equal to the last builds
-    nothing; a build rebuilds only what changed (snapshots.py). An idle fleet of any
+    nothing; a build rebuilds only what changed (snapshot_builder.py). An idle fleet of any
     size costs a few dictionary lookups per interval.
 
     Mutable state: the latest accepted config, the pending deadline, the policy's memory,

@@ -23,8 +23,8 @@ __all__ = [
     "MAX_WEIGHT",
     "MIN_RELATIVE_CAPACITY",
     "RETRY_AFTER_LADDER_S",
-    "UNLIMITED",
     "Tuning",
+    "UNLIMITED",
     "reference_markdown",
 ]
 

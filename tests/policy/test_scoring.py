@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import pytest
@@ -10,7 +11,7 @@ from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
 from xds_server.policy.scoring import ScoredPool, score_pool
 from xds_server.policy.signals import PodSignals
 from xds_server.policy.state import Health
-from xds_server.tuning import MAX_WEIGHT
+from xds_server.tuning import MAX_WEIGHT, Tuning
 
 POOL = PoolConfig.model_validate(
     {
@@ -365,12 +366,21 @@ def test_a_queueing_pod_spills_its_keys_off_the_session_ring() -> None:
     assert not any(e.spilling for e in scored.state.endpoints)
 
 
+# The batch limit of the session pool below, and the batches at which its rules start
+# (Tuning: spill_full, spill_release, spill_ahead_full of the limit).
+LIMIT = 48
+TUNING = Tuning()
+FULL_AT = math.ceil(TUNING.spill_full * LIMIT)
+RELEASE_AT = math.ceil(TUNING.spill_release * LIMIT)
+AHEAD_AT = math.ceil(TUNING.spill_ahead_full * LIMIT)
+
+
 def _session_step(
-    pool_signals: dict[str, PodSignals], previous: ScoredPool | None = None
+    pool_signals: dict[str, PodSignals], previous: ScoredPool | None = None, limit: int = LIMIT
 ) -> ScoredPool:
-    """One decision of a session-affinity pool whose engines run 48 requests at most, fed
-    the previous one's memory."""
-    session_pool = POOL.model_copy(update={"session_affinity": True, "batch_limit": 48})
+    """One decision of a session-affinity pool whose engines run `limit` requests at most,
+    fed the previous one's memory."""
+    session_pool = POOL.model_copy(update={"session_affinity": True, "batch_limit": limit})
     return score_pool(
         session_pool,
         settings=SETTINGS,
@@ -385,35 +395,42 @@ def _weight(scored: ScoredPool, key: str) -> int:
 
 
 def test_a_full_batch_spills_before_it_queues_and_holds_until_it_has_room() -> None:
-    """From 80% of the pool's batch limit (vLLM's max_num_seqs, which no metric reports)
-    a pod spills its keys and leaves the pool cluster's rotation while the other pods
-    queue nothing, and takes them back only once its batch is below 60% of the limit."""
-    calm = signals(running=30)
-    assert _session_step({A: signals(running=38), B: calm}).spilled == frozenset()
-    full = _session_step({A: signals(running=39), B: calm})
+    """From `spill_full` of the pool's batch limit (vLLM's max_num_seqs, which no metric
+    reports) a pod spills its keys and leaves the pool cluster's rotation while the other
+    pods queue nothing, and takes them back only once its batch is below `spill_release`
+    of the limit."""
+    calm = signals(running=RELEASE_AT + 1)
+    assert _session_step({A: signals(running=FULL_AT - 1), B: calm}).spilled == frozenset()
+    full = _session_step({A: signals(running=FULL_AT), B: calm})
     assert full.spilled == {A}
+    spilled_for = next(e for e in full.state.endpoints if e.id == A).reasons
+    assert spilled_for[0].code == "spill_batch_full", spilled_for
     assert _weight(full, A) < _weight(full, B) / 50
-    # Still full with one waiting, then 29 of 48: held (released at its first short queue
-    # before, it took its keys back with no free slot and queued again at once).
-    held = _session_step({A: signals(running=48, waiting=1), B: calm}, full)
-    held = _session_step({A: signals(running=29), B: calm}, held)
+    # Still full with one waiting, then at the release point: held (released at its first
+    # short queue before, it took its keys back with no free slot and queued again).
+    held = _session_step({A: signals(running=LIMIT, waiting=1), B: calm}, full)
+    held = _session_step({A: signals(running=RELEASE_AT), B: calm}, held)
     assert held.spilled == {A}
-    released = _session_step({A: signals(running=28), B: calm}, held)
+    assert next(e for e in held.state.endpoints if e.id == A).reasons[0].code == "spill_held"
+    released = _session_step({A: signals(running=RELEASE_AT - 1), B: calm}, held)
     assert released.spilled == frozenset()
     assert _weight(released, A) == _weight(released, B)
 
 
-def test_a_pod_clearly_ahead_of_the_others_spills_from_65_percent() -> None:
-    """A hot key's pod, at 1.5x the other pods' median batch, spills from 65% of the limit
-    (31.2 of 48); a pod as busy as the others waits for 80%."""
-    others = signals(running=20)
-    assert _session_step({A: signals(running=31), B: others}).spilled == frozenset()
-    assert _session_step({A: signals(running=32), B: others}).spilled == {A}
-    level = signals(running=22)  # 32 < 1.5 x 22
-    assert _session_step({A: signals(running=32), B: level}).spilled == frozenset()
+def test_a_pod_clearly_ahead_of_the_others_spills_from_spill_ahead_full() -> None:
+    """A hot key's pod, at `spill_ahead` times the other pods' median batch, spills from
+    `spill_ahead_full` of the limit; a pod as busy as the others waits for `spill_full`."""
+    behind = math.floor(AHEAD_AT / TUNING.spill_ahead)  # A is ahead of it
+    others = signals(running=behind)
+    assert _session_step({A: signals(running=AHEAD_AT - 1), B: others}).spilled == frozenset()
+    ahead = _session_step({A: signals(running=AHEAD_AT), B: others})
+    assert ahead.spilled == {A}
+    assert ahead.state.endpoints[0].reasons[0].code == "spill_batch_ahead"
+    level = signals(running=math.floor(AHEAD_AT / TUNING.spill_ahead) + 1)  # not ahead
+    assert _session_step({A: signals(running=AHEAD_AT), B: level}).spilled == frozenset()
     queuing = signals(running=10, waiting=3)  # the others queue: a surge, not a lead
-    assert A not in _session_step({A: signals(running=36), B: queuing}).spilled
-    cached = signals(running=36, prefix_hit_rate=0.5)
+    assert A not in _session_step({A: signals(running=FULL_AT - 2), B: queuing}).spilled
+    cached = signals(running=FULL_AT - 2, prefix_hit_rate=TUNING.spill_max_hit_rate)
     assert _session_step({A: cached, B: others}).spilled == frozenset()
 
 
@@ -429,9 +446,36 @@ def test_without_a_batch_limit_only_queues_move_keys() -> None:
 def test_a_full_pod_whose_cache_serves_half_its_prompts_keeps_its_keys() -> None:
     """Moving keys whose prefixes are cached costs more prefill than a slot's wait."""
     calm = signals(running=10)
-    assert _session_step({A: signals(running=40, prefix_hit_rate=0.49), B: calm}).spilled == {A}
-    cached = _session_step({A: signals(running=40, prefix_hit_rate=0.5), B: calm})
+    below = TUNING.spill_max_hit_rate - 0.01
+    assert _session_step({A: signals(running=FULL_AT, prefix_hit_rate=below), B: calm}).spilled == {
+        A
+    }
+    at = TUNING.spill_max_hit_rate
+    cached = _session_step({A: signals(running=FULL_AT, prefix_hit_rate=at), B: calm})
     assert cached.spilled == frozenset()
+
+
+def test_a_full_pod_spilled_for_its_queue_holds_through_one_short_queue_whatever_its_cache() -> (
+    None
+):
+    """The rule-order bug seen with a real vLLM (8 slots): a full pod spilled for its
+    queue, whose prefix cache served most of its prompts, read one scrape with a single
+    request waiting, and the prefix-cache exemption gave its keys back for that scrape
+    (a keyed request sent then waited 2 s). A full batch now holds the spill before the
+    exemption is asked; the pod takes its keys back once its batch has room."""
+    limit = 8
+    calm = signals(running=2)
+    queued = {A: signals(running=8, waiting=5, prefix_hit_rate=0.8), B: calm}
+    spilled = _session_step(queued, limit=limit)
+    assert spilled.spilled == {A}
+    assert spilled.state.endpoints[0].reasons[0].code == "spill_queue"
+    short_queue = {A: signals(running=8, waiting=1, prefix_hit_rate=0.8), B: calm}
+    held = _session_step(short_queue, spilled, limit=limit)
+    assert held.spilled == {A}
+    assert held.state.endpoints[0].reasons[0].code == "spill_held"
+    room = math.ceil(TUNING.spill_full * limit) - 1
+    with_room = {A: signals(running=room, prefix_hit_rate=0.8), B: calm}
+    assert _session_step(with_room, held, limit=limit).spilled == frozenset()
 
 
 def test_a_prefill_backlog_moves_cached_keys_only_once_longer_than_their_misses() -> None:
@@ -445,8 +489,8 @@ def test_a_prefill_backlog_moves_cached_keys_only_once_longer_than_their_misses(
     assert _session_step(longer).spilled == {A}  # 6 > 1 (slack) + 4 (0.8 / 0.2)
     uncached = {A: signals(running=8, waiting=2, prefix_hit_rate=0.3), B: calm}
     assert _session_step(uncached).spilled == {A}
-    # Behind a batch at 60% of the limit or more, a queue waits for decodes to finish.
-    behind_batch = {A: signals(running=29, waiting=2, prefix_hit_rate=0.8), B: calm}
+    # Behind a batch at `spill_release` of the limit or more, a queue waits for decodes.
+    behind_batch = {A: signals(running=RELEASE_AT, waiting=2, prefix_hit_rate=0.8), B: calm}
     assert _session_step(behind_batch).spilled == {A}
     # Even a prefix that is always cached moves once 19 requests queue behind it.
     runaway = {A: signals(running=8, waiting=21, prefix_hit_rate=1.0), B: calm}

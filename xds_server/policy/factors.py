@@ -27,7 +27,12 @@ from xds_server.policy.reasons import Reason, ReasonCode
 from xds_server.policy.signals import PodSignals
 from xds_server.tuning import Tuning
 
-__all__ = ["Factor", "FACTORS", "score", "weight_cuts"]
+__all__ = [
+    "FACTORS",
+    "Factor",
+    "score",
+    "weight_cuts",
+]
 
 
 def capacity_factor(
@@ -103,12 +108,3 @@ def weight_cuts(
             cuts.append(Reason(code, f"{name} factor {value:.3g} ^ {exponent:g}"))
     return cuts
 
-
-def describe_signals(signals: PodSignals) -> str:
-    """The figures the factors read, for a reason's detail."""
-    parts = [f"waiting {signals.waiting:g}", f"running {signals.running:g}"]
-    if signals.kv_usage is not None:
-        parts.append(f"kv {signals.kv_usage:.2f}")
-    if signals.prefix_hit_rate is not None and not math.isnan(signals.prefix_hit_rate):
-        parts.append(f"hit rate {signals.prefix_hit_rate:.2f}")
-    return ", ".join(parts)

@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-__all__ = ["CODES", "SPILL_CODES", "Reason", "ReasonCode"]
+__all__ = [
+    "CODES",
+    "Reason",
+    "ReasonCode",
+    "SPILL_CODES",
+]
 
 ReasonCode = Literal[
     # Health: out of rotation, or not in it yet.

@@ -10,14 +10,19 @@ order of precedence (docs/routing.md has the measurements behind each):
    pool's `batch_limit`, a queue is a prefill backlog that the next steps clear: it
    counts only beyond what moving costs (`miss_cost`, the extra prefill of a request
    whose prefix is cached where it is). Applies to every pod.
-2. `prefix_cache_pays`: a pod whose prefix cache serves `spill_max_hit_rate` of its
+2. `holds_while_full`: a spilling pod keeps spilling while its batch is at `spill_full`
+   of the limit or more: with no free slot, its keys would only queue again. Applies to
+   every pod, before the prefix-cache exemption: a real vLLM running 8 of 8 with 4-5
+   waiting read one scrape with 1 waiting, and a pod whose cache served half its prompts
+   took its keys back for that scrape; a keyed request sent then waited 2 s.
+3. `prefix_cache_pays`: a pod whose prefix cache serves `spill_max_hit_rate` of its
    prompt tokens or more keeps its keys through a full batch, and so do all pods when
    the pool's `batch_limit` is unknown: the rules below are skipped.
-3. `batch_full`: the other pods queue nothing and the pod's batch reaches
+4. `batch_full`: the other pods queue nothing and the pod's batch reaches
    `spill_full` of the limit.
-4. `batch_ahead`: the other pods queue nothing and the pod runs `spill_ahead` times
+5. `batch_ahead`: the other pods queue nothing and the pod runs `spill_ahead` times
    their median batch or more, from `spill_ahead_full` of the limit: a hot key's pod.
-5. `held`: a spilling pod keeps spilling while its batch is at `spill_release` of the
+6. `held`: a spilling pod keeps spilling while its batch is at `spill_release` of the
    limit or more (released at its first short queue, a full pod took its keys back and
    queued again at once).
 
@@ -114,6 +119,19 @@ def queue_beyond_peers(view: SpillView, key: str) -> Reason | None:
     return None
 
 
+def holds_while_full(view: SpillView, key: str) -> Reason | None:
+    signals = view.fresh[key]
+    limit = view.limit
+    if limit is not None and key in view.spilled:
+        if signals.running >= view.tuning.spill_full * limit:
+            return Reason(
+                "spill_held",
+                f"batch {signals.running:g} of limit {limit} still full"
+                f" (>= {view.tuning.spill_full:g})",
+            )
+    return None
+
+
 def prefix_cache_pays(view: SpillView, key: str) -> bool:
     hit_rate = view.fresh[key].prefix_hit_rate or 0.0
     return view.limit is None or hit_rate >= view.tuning.spill_max_hit_rate
@@ -158,7 +176,7 @@ def held(view: SpillView, key: str, limit: int) -> Reason | None:
 
 def spill_reason(view: SpillView, key: str) -> Reason | None:
     """Why pod `key` should spill its keys, by the rules in order (module docstring)."""
-    reason = queue_beyond_peers(view, key)
+    reason = queue_beyond_peers(view, key) or holds_while_full(view, key)
     if reason is not None or prefix_cache_pays(view, key) or view.limit is None:
         return reason
     limit = view.limit
