@@ -4,7 +4,7 @@ Each Envoy reports every `load_report_interval_s` (0.25 s) on every cluster the 
 pushed (`send_all_clusters`): with flow control, a pool is four clusters (its own and one
 per band), so 100 pools make a 400-cluster report. This times `LoadReports.report` (what
 the LRS stream does with a decoded report) on such a report, and says how many Envoys' reports
-one core reads at the interval: the figure behind the README's sizing of load reports.
+one core reads at the interval: the figure behind the sizing of load reports in docs/operations.md.
 
     python -m bench.lrs_cost [--pools 100] [--reports 200] [--json]
 """

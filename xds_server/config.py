@@ -67,7 +67,7 @@ BANDS: tuple[Band, ...] = ("critical", "standard", "sheddable")
 # "session" (session-keyed, consistent hashing: `session_affinity`) and "long" (long
 # prompts, weighted, counted apart: `balancing.long_prompt_bytes`).
 Lane = Literal["pool", "session", "long"]
-# The model servers whose /metrics this server reads (see the README's metrics adapters).
+# The model servers whose /metrics this server reads (`pools[].engine` in docs/configuration.md).
 Engine = Literal["vllm", "sglang", "tgi", "triton", "trtllm"]
 # Kubernetes label keys and values (the API server's own limits, simplified).
 _LABEL_NAME = r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?"
@@ -152,16 +152,16 @@ class PoolConfig(_Strict):
     # The most requests one of the pool's engines runs at once (vLLM's --max-num-seqs,
     # SGLang's --max-running-requests, TGI's --max-batch-size), which none of them exports.
     # With session_affinity, a pod whose batch nears it passes its keys on until it has
-    # room (README); unset, only queues move keys.
+    # room (docs/routing.md); unset, only queues move keys.
     batch_limit: Annotated[int | None, Field(ge=1, le=1_000_000)] = None
     # The most adapters one of the pool's engines holds at once (vLLM's --max-loras,
     # SGLang's --max-loras-per-batch), which vLLM reports only once it has served a LoRA
-    # request: known, the adapters are placed before the first one (README).
+    # request: known, the adapters are placed before the first one (docs/routing.md).
     adapter_slots: Annotated[int | None, Field(ge=1, le=10_000)] = None
     # Weights from live GPU metrics (least_request pools); False keeps the static weights
     # below, i.e. Envoy's least request on its own.
     gpu_aware: bool = True
-    # The model server, for reading its /metrics (see the README's metrics adapters).
+    # The model server, for reading its /metrics (`pools[].engine` in docs/configuration.md).
     engine: Engine = "vllm"
     # Where each endpoint serves /metrics; by default its serving port.
     metrics_port: Annotated[int | None, Field(ge=1, le=65535)] = None
@@ -261,7 +261,7 @@ class UpstreamConfig(_Strict):
     of the requests in flight per cluster (at least `min_retry_concurrency`), so a failing
     fleet is not hit twice as hard. Sized so that one pod of two resetting all it gets
     (half the requests retried at once) stays within it, even in a burst of 32 (the
-    README's clients): a refused retry is a 503 `retry_budget_exhausted`. Ejection
+    docs/failures.md's clients): a refused retry is a 503 `retry_budget_exhausted`. Ejection
     (outlier detection): a pod with
     `eject_after_failures` connect failures, resets or timeouts in a row is out of that
     Envoy's rotation for `ejection_s` (longer each time it is ejected again, up to
@@ -307,7 +307,7 @@ class VerdictsConfig(_Strict):
 
 
 class ScorerWeights(_Strict):
-    """Exponents of each scorer in the weight formula (0 turns a scorer off); see the README."""
+    """Exponents of each scorer in the weight formula (0: off); see docs/routing.md."""
 
     capacity: Annotated[float, Field(ge=0, le=10)] = 4.0
     queue: Annotated[float, Field(ge=0, le=10)] = 2.0
@@ -350,10 +350,10 @@ class BalancingConfig(_Strict):
     # Smoothing of scores between scrapes (1 = no smoothing) and the bounded load factor
     # of session affinity, in percent: a pod over this multiple of the mean in-flight load
     # passes a key on to the next pod. High by default: a key that moves loses its prefix
-    # cache, and its next request pays a whole prefill (README, scenario c).
+    # cache, and its next request pays a whole prefill (docs/configuration.md).
     smoothing: Annotated[float, Field(gt=0, le=1)] = 0.5
     hash_balance_factor: Annotated[int, Field(ge=100, le=1000)] = 300
-    # Where the keys of a pod that spills go (README, Where a keyed and an unkeyed request
+    # Where the keys of a pod that spills go (docs/routing.md, Where a keyed and an unkeyed request
     # go): "pool" balances their requests by the pool's load-following weights, through an
     # internal listener that the pod's entry in the session table points at while it
     # spills (the Envoy bootstrap must enable `envoy.bootstrap.internal_listener`, as
@@ -385,7 +385,7 @@ class BalancingConfig(_Strict):
     # In a pool with session affinity, a request without a session key is keyed by the
     # first this many bytes of its body's `prompt` as JSON text (0: off), and sticks to a
     # pod like a keyed one. Envoy reaches only a completions `prompt` string of at most
-    # 8 KiB: not a chat's messages, nor a longer prompt (README). Off by default: it moves
+    # 8 KiB: not a chat's messages, nor a longer prompt (docs/routing.md). Off by default: it moves
     # every keyless completion of such a pool onto the consistent-hash ring, and too few
     # bytes pile prompts that share only a template's opening onto one pod; set it to the
     # length of the prefixes the clients share (512 bytes is about 128 tokens of English).

@@ -5,7 +5,7 @@ report, over mutual TLS when `credentials` are given (this replica's own certifi
 The stream ending, failing, or bringing a report that does not parse marks the
 peer down, is logged and counted, and the link retries along `backoff_s`.
 
-What a peer that went quiet still counts for (the safe side, DESIGN notes in the README):
+What a peer that went quiet still counts for (the safe side; docs/flow-control.md, Server replicas):
 its last report stays, so its Envoys keep the load they last had in every replica's split
 until they show up somewhere else (an Envoy whose replica died reconnects to a survivor,
 whose own view of it then wins); a peer never heard from holds back an equal part of

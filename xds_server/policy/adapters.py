@@ -252,11 +252,10 @@ class _Placement:
         # in the config.
         # vLLM does not count requests per adapter, so two pods' cold adapters are told
         # apart by their pods' load of the moment: decided on those estimates (first on
-        # the exact figures, then on a 1.25x ladder, then with rungs counted from the
-        # least), each of scenario e's seeds went one way in some runs of its trace and
-        # another in others (P95 TTFT 0.3 or 9.0 s on seed 2). And of the pods, those with
-        # room by their smoothed scores: whether one had a request waiting at that instant
-        # decided too.
+        # the exact figures, then on a ladder, then with rungs counted from the least),
+        # scenario e went one way in some runs of a trace and another in others
+        # (bench/results/e-stability/NOTES.md). And of the pods, those with room by their
+        # smoothed scores: whether one had a request waiting at that instant decided too.
         given = {key: self._coldest(key) for key in candidates}
         rungs = _rungs(
             {key: self.demand[given[key]] for key in candidates},
@@ -291,10 +290,10 @@ class _Placement:
         config (the coldest, by the configured order: they drain soonest, and a slot
         frees only when one does), then by name; only pods with a free slot while some
         pod is beyond its slots already (no replica is worth a second such wait). Not the
-        least loaded, nor one without a request waiting at this instant: on scenario e's
-        seed 1, that chose between two pods by whichever had a request queued when
-        adapter-0 got its replica, and P95 TTFT went 0.56 or 0.84 s from run to run of
-        the same trace."""
+        least loaded, nor one without a request waiting at this instant: that chose between
+        two pods by whichever had a request queued when an adapter got its replica, and
+        the same trace gave different tails from run to run
+        (bench/results/e-stability/NOTES.md)."""
         beyond = any(len(self.advertised[k]) > self.pods[k].slots for k in self.pods)
         unlisted = len(self.listed)
         return min(
@@ -315,11 +314,11 @@ class _Placement:
 
     def _coldest(self, key: str) -> str:
         """The adapter `key` would give up: the least demand on the `adapter_demand_step`
-        ladder, and of near-equal ones the last listed in the config (the configured order breaks
-        ties in `by_demand` too: listed first counts as hotter). Two adapters on one pod
-        split its load by their activity, which is about 1 for both at high load, so their
-        exact figures differ by noise: on scenario e's seed 3 the pod gave up adapter-7
-        in two runs and adapter-3 in the third (P95 TTFT 0.8 s and 10.3 s)."""
+        ladder, and of near-equal ones the last listed in the config (the configured order
+        breaks ties in `by_demand` too: listed first counts as hotter). Two adapters on one
+        pod split its load by their activity, which is about 1 for both at high load, so
+        their exact figures differ by noise, and which one a pod gave up changed from run
+        to run of one trace (bench/results/e-stability/NOTES.md)."""
         return min(
             self.advertised[key],
             key=lambda a: (

@@ -12,9 +12,8 @@ order of precedence (docs/routing.md has the measurements behind each):
    whose prefix is cached where it is). Applies to every pod.
 2. `holds_while_full`: a spilling pod keeps spilling while its batch is at `spill_full`
    of the limit or more: with no free slot, its keys would only queue again. Applies to
-   every pod, before the prefix-cache exemption: a real vLLM running 8 of 8 with 4-5
-   waiting read one scrape with 1 waiting, and a pod whose cache served half its prompts
-   took its keys back for that scrape; a keyed request sent then waited 2 s.
+   every pod, before the prefix-cache exemption (which once ran first: a full real vLLM
+   whose queue read short for one scrape took its keys back, and they waited there).
 3. `prefix_cache_pays`: a pod whose prefix cache serves `spill_max_hit_rate` of its
    prompt tokens or more keeps its keys through a full batch, and so do all pods when
    the pool's `batch_limit` is unknown: the rules below are skipped.

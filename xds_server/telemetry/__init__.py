@@ -12,7 +12,7 @@
 The components that produce the numbers do not know Prometheus where they can avoid it:
 the scraper and the watchers report through small observer protocols, and the collectors
 read the controller's latest decision through a protocol, not the controller itself. The
-README's metrics reference lists every series.
+docs/metrics.md lists every series.
 """
 
 from xds_server.telemetry.registry import Telemetry

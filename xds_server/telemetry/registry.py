@@ -14,7 +14,7 @@ _PUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class Telemetry:
-    """Every metric the server exports; see the README's metrics reference."""
+    """Every metric the server exports; docs/metrics.md lists them."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -95,7 +95,7 @@ class Telemetry:
         self.spill_to_ring = Gauge(
             "xds_spill_to_ring_fallback",
             "1 while spilled session keys go to the next pod of the ring, not the pool, because"
-            " an Envoy refused a spill listener (balancing.spill_to 'pool'; README).",
+            " an Envoy refused a spill listener (balancing.spill_to 'pool'; docs/routing.md).",
             registry=r,
         )
         self.lrs_streams = Gauge(
