@@ -22,6 +22,7 @@ FAULT_KEYS = (
 )
 
 
+@pytest.mark.slow
 def test_quick_faults_run_reports_every_figure_and_the_project_loses_nothing(
     tmp_path: Path,
 ) -> None:

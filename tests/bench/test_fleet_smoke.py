@@ -37,6 +37,7 @@ def _positive(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("delta", "flow_control"), [(False, False), (True, True)])
 async def test_small_fleet_is_served_and_every_push_arrives(
     delta: bool, flow_control: bool

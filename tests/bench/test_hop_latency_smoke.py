@@ -13,6 +13,8 @@ import pytest
 from bench.__main__ import main
 from bench.hop_latency import DIRECT, ENVOY
 
+pytestmark = pytest.mark.slow  # A benchmark run end to end: the slow tier
+
 try:
     ROUTER_VERSION = importlib.metadata.version("vllm-router")
 except importlib.metadata.PackageNotFoundError:

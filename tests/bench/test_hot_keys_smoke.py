@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.__main__ import main
+
+pytestmark = pytest.mark.slow  # A benchmark run end to end: the slow tier
 
 
 def test_quick_hot_keys_keep_light_keys_home_and_report_the_spill(tmp_path: Path) -> None:

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.__main__ import main
 
 
+@pytest.mark.slow
 def test_quick_overload_on_two_replicas_stays_within_the_pool_limit(tmp_path: Path) -> None:
     argv = ["run", "--scenarios", "f2", "--policies", "project", "--quick", "--out", str(tmp_path)]
     assert main(argv) == 0

@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.__main__ import main
+
+pytestmark = pytest.mark.slow  # A benchmark run end to end: the slow tier
 
 
 def test_quick_overload_refuses_by_band_with_retry_after(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ def test_peer_policies_are_offered_where_the_trace_goes_to_one_url() -> None:
     assert (runs, skipped) == ([], ["vllm_router_cache_aware"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(ROUTER_VERSION is None, reason="vllm-router is not installed (bench extra)")
 def test_vllm_router_cache_aware_serves_the_trace(tmp_path: Path) -> None:
     policy = "vllm_router_cache_aware"

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.__main__ import main
 from bench.runner import POLICIES
 from llm_sim.loadgen import ReplayResult
+
+pytestmark = pytest.mark.slow  # A benchmark run end to end: the slow tier
 
 
 def test_quick_benchmark_runs_every_policy_and_tells_them_apart(tmp_path: Path) -> None:

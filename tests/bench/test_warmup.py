@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.__main__ import main
 from bench.scenarios import build_scenario
 from llm_sim.loadgen.trace import Trace
+
+pytestmark = pytest.mark.slow  # A benchmark run end to end: the slow tier
 
 
 def test_scenario_c_runs_three_times_as_long_and_counts_from_the_end_of_its_warmup(

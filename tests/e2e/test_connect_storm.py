@@ -14,8 +14,12 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from bench.fleet_clients import ClientGroup
 from xds_testbed.server_process import ServerProcess
+
+pytestmark = pytest.mark.slow  # Over ~10 s: the slow tier
 
 CLIENTS = 500
 # Generous for a busy 2-core machine: served in seconds here (bench/fleet.py measures it).

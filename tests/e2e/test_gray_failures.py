@@ -14,6 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import grpc
+import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import load_report_pb2
 from envoy.service.load_stats.v3 import lrs_pb2, lrs_pb2_grpc
@@ -91,6 +92,7 @@ def verdict_of(gateway: LocalGateway, port: int) -> str | None:
     return next((e.verdict for e in state.endpoints if e.port == port), None)
 
 
+@pytest.mark.slow
 async def test_a_wedged_pod_is_taken_out_and_back_once_it_serves(tmp_path: Path) -> None:
     async with four_pods(tmp_path) as (fleet, gateway), loaded(gateway) as load:
         loop = asyncio.get_running_loop()
@@ -140,6 +142,7 @@ async def test_a_wedged_pod_is_taken_out_and_back_once_it_serves(tmp_path: Path)
     print(f"judged stalled {judged_s:.2f} s after the wedge")
 
 
+@pytest.mark.slow
 async def test_a_resetting_pod_costs_no_request_and_is_taken_out(tmp_path: Path) -> None:
     async with four_pods(tmp_path) as (fleet, gateway), loaded(gateway) as load:
         loop = asyncio.get_running_loop()

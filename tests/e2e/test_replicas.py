@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import ConfigFile, eventually
@@ -106,6 +107,7 @@ async def _agreed(server: ServerProcess) -> bool:
     return sum(limits) == POOL_LIMIT and fleet["reserved"] == 0
 
 
+@pytest.mark.slow
 async def test_two_replicas_three_envoys_admit_within_the_pool_limit_and_survive_a_kill(
     config_file: ConfigFile,
 ) -> None:

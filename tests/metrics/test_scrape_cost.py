@@ -19,6 +19,7 @@ def test_the_synthetic_page_is_as_big_as_a_real_one_and_reads_the_same() -> None
     assert adapter.parse(padded) == adapter.parse(base)
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--quick", "--pods", "3", "--interval", "0.05", "--seconds", "0.3", "--json"]
     assert main(argv) == 0

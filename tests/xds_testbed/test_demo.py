@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # Over ~10 s (the demo's whole run): the slow tier
+
 
 def test_demo_compares_policies_on_a_simulated_fleet() -> None:
     command = [
