@@ -1,7 +1,9 @@
 """The policy decides every recorded input as it did when it was recorded.
 
-tests/policy/data/decisions.json.gz holds decisions from benchmark scenarios a–f and h
-(`python -m bench.record_decisions`, before the policy was split into named rules). Each is
+tests/policy/data/decisions.json.gz holds 2,686 decisions from benchmark scenarios a–f, g2
+and h, seed 1, 12 s each (`python -m bench.record_decisions --scenarios a,b,c,d,e,f,g2,h
+--duration 12 --per-scenario 400`, run on commit 8e346f7, before the policy was split into
+named rules). Each is
 decided again, alone (its memory comes from the record), and compared field by field. A
 change of behaviour on purpose re-records and says so in its commit; fields added to the
 policy's outputs since the recording (`ADDED_SINCE`) are left out of the comparison.
@@ -45,9 +47,11 @@ def test_the_recording_covers_every_rule(recording: Recording) -> None:
                 seen["adapters"] += bool(endpoint["adapters"])
                 seen["long prompt"] += endpoint["long_prompts"] > 0
                 seen["ring weights"] += endpoint["ring_weight"] is not None
-    for needed in ("a", "b", "c", "d", "e", "f", "h", "admission", "unequal weights"):
+                seen["verdict"] += endpoint["verdict"] is not None
+                seen["unhealthy"] += endpoint["health"] == "unhealthy"
+    for needed in ("a", "b", "c", "d", "e", "f", "g2", "h", "admission", "unequal weights"):
         assert seen[needed] > 0, (needed, seen)
-    for needed in ("spilling", "adapters", "long prompt", "ring weights"):
+    for needed in ("spilling", "adapters", "long prompt", "ring weights", "verdict", "unhealthy"):
         assert seen[needed] > 0, (needed, seen)
 
 
@@ -66,3 +70,16 @@ def test_every_recorded_decision_is_decided_again_the_same(recording: Recording)
         if decision != record["decision"] or memory != record["next_memory"]:
             differing.append((index, record["scenario"]))
     assert not differing, f"{len(differing)} of {len(recording.decisions)} differ: {differing[:10]}"
+
+
+def test_the_replay_tells_a_changed_rule(recording: Recording) -> None:
+    """A coarser weight ladder (one number of Tuning) changes recorded decisions: the
+    comparison above would catch a refactor that moved a weight."""
+    changed = 0
+    for record in recording.decisions[::10]:
+        document = recording.configs[record["config"]]
+        balancing = {**document["balancing"], "advanced": {"weight_ladder": 1.3}}
+        config = RoutingConfig.model_validate({**document, "balancing": balancing})
+        decision, _ = _replayed(record, config)
+        changed += decision != record["decision"]
+    assert changed > 10
