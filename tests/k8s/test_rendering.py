@@ -1,0 +1,128 @@
+"""What `kubectl kustomize k8s/` renders: every part, each object valid against the
+Kubernetes OpenAPI schemas (kubernetes-validate, strict: an unknown or misspelt field is an
+error) of the oldest Kubernetes the manifests promise and of the newest the library ships,
+all in the namespace and labelled, and Services and PodDisruptionBudgets selecting
+existing pods."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+
+from tests.k8s.manifests import (
+    KUBERNETES_VERSIONS,
+    NAMESPACE,
+    PART_OF,
+    Doc,
+    _all,
+    _container,
+    _is_cert_manager,
+    _pod_labels,
+    _port_number,
+    _selects,
+)
+
+
+def test_the_kustomization_renders_every_part(rendered: list[Doc]) -> None:
+    names = {(d["kind"], d["metadata"]["name"]) for d in rendered}
+    assert {
+        ("Namespace", "xds-server"),
+        ("ServiceAccount", "xds-server"),
+        ("ServiceAccount", "envoy"),
+        ("Role", "xds-server"),
+        ("RoleBinding", "xds-server"),
+        ("ConfigMap", "xds-server-config"),
+        ("Deployment", "xds-server"),
+        ("Service", "xds-server"),
+        ("PodDisruptionBudget", "xds-server"),
+        ("Deployment", "envoy"),
+        ("Service", "envoy"),
+        ("PodDisruptionBudget", "envoy"),
+        ("Deployment", "vllm-llama"),
+        ("NetworkPolicy", "xds-server"),
+        ("NetworkPolicy", "vllm-llama"),
+        ("Issuer", "xds-server-selfsigned"),
+        ("Certificate", "xds-server-ca"),
+        ("Issuer", "xds-server-ca"),
+        ("Certificate", "xds-server-tls"),
+        ("Certificate", "envoy-xds-client-tls"),
+    } <= names, sorted(names)
+    assert any(k == "ConfigMap" and n.startswith("envoy-bootstrap-") for k, n in names)
+    assert any(k == "ConfigMap" and n.startswith("envoy-sds-") for k, n in names)
+    assert len(rendered) == 22, sorted(names)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_validates_against_the_kubernetes_schemas(
+    rendered: list[Doc], version: str
+) -> None:
+    """Every object but cert-manager's, whose CRDs the library does not know (they get a
+    check of their own, test_the_cert_manager_objects_have_the_fields_the_crds_define)."""
+    problems = []
+    for doc in rendered:
+        if _is_cert_manager(doc):
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                kubernetes_validate.validate(doc, version, strict=True)
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            problems.append(f"{doc['kind']} {doc['metadata']['name']}: {where}: {exc.message}")
+    assert not problems, "\n".join(problems)
+
+
+def test_validation_is_strict() -> None:
+    """The check above would pass anything if strict mode stopped refusing unknown fields."""
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {
+            "replica": 2,  # misspelt
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "i"}]},
+            },
+        },
+    }
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+
+
+def test_everything_is_in_the_namespace_and_labelled_without_touching_selectors(
+    rendered: list[Doc],
+) -> None:
+    for doc in rendered:
+        assert _selects(PART_OF, doc["metadata"].get("labels", {})), doc["metadata"]["name"]
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]["name"]
+    for deployment in _all(rendered, "Deployment"):
+        assert _selects(PART_OF, deployment["spec"]["template"]["metadata"]["labels"])
+        assert "app.kubernetes.io/part-of" not in deployment["spec"]["selector"]["matchLabels"]
+    for service in _all(rendered, "Service"):
+        assert "app.kubernetes.io/part-of" not in service["spec"]["selector"]
+    for pdb in _all(rendered, "PodDisruptionBudget"):
+        assert "app.kubernetes.io/part-of" not in pdb["spec"]["selector"]["matchLabels"]
+    for policy in _all(rendered, "NetworkPolicy"):
+        assert "app.kubernetes.io/part-of" not in policy["spec"]["podSelector"]["matchLabels"]
+
+
+def test_services_and_budgets_select_running_pods(rendered: list[Doc]) -> None:
+    deployments = _all(rendered, "Deployment")
+    for service in _all(rendered, "Service"):
+        (owner,) = [d for d in deployments if _selects(service["spec"]["selector"], _pod_labels(d))]
+        container = _container(owner)
+        for port in service["spec"]["ports"]:
+            _port_number(container, port["targetPort"])
+    for pdb in _all(rendered, "PodDisruptionBudget"):
+        selector = pdb["spec"]["selector"]["matchLabels"]
+        (owner,) = [d for d in deployments if _selects(selector, _pod_labels(d))]
+        assert pdb["spec"]["minAvailable"] == 1
+        assert owner["spec"]["replicas"] > pdb["spec"]["minAvailable"]
+    for deployment in deployments:
+        assert _selects(deployment["spec"]["selector"]["matchLabels"], _pod_labels(deployment))
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            assert container["resources"]["requests"], container["name"]
+            assert container["resources"]["limits"], container["name"]
