@@ -1,4 +1,6 @@
-"""The scraper against real simulated pods and a misbehaving metrics server."""
+"""The scraper against real simulated pods and a misbehaving metrics server: what it reads,
+each kind of failure and how it is recorded and logged, targets, intervals and timeouts
+changed while it runs."""
 
 from __future__ import annotations
 
@@ -7,127 +9,23 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
-from yarl import URL
 
 from llm_sim.metrics_text import Flavour
 from llm_sim.pod import DEFAULT_MODEL, SimulatedPod
-from xds_server.errors import ConfigError, ImplausibleMetricsError, ScrapeError, ScrapeErrorKind
+from tests.metrics.scraping import (
+    LOGGER,
+    FakeMetricsServer,
+    Recorder,
+    records,
+    wait_until,
+)
+from xds_server.errors import ConfigError, ScrapeErrorKind
 from xds_server.metrics.engines import PodMetrics
-from xds_server.metrics.fetching import PageFetcher
 from xds_server.metrics.scraper import Scraper, ScraperState, ScrapeTarget
-from xds_server.metrics.store import ErrorStreak, MetricsStore
-
-LOGGER = "xds_server.metrics.scraper"
-
-
-def vllm_page(waiting: int) -> str:
-    return (
-        "# TYPE vllm:num_requests_running gauge\n"
-        'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
-        "# TYPE vllm:num_requests_waiting gauge\n"
-        f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}.0\n'
-    )
-
-
-class FakeMetricsServer:
-    """A metrics endpoint whose behaviour the test switches (`mode`)."""
-
-    def __init__(self) -> None:
-        self.mode = "ok"
-        self.waiting = 0
-        self.requests = 0
-        self.peers: set[object] = set()
-        self.url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/metrics"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _metrics(self, request: web.Request) -> web.StreamResponse:
-        self.requests += 1
-        if request.transport is not None:
-            self.peers.add(request.transport.get_extra_info("peername"))
-        if self.mode == "ok":
-            return web.Response(text=vllm_page(self.waiting))
-        if self.mode == "500":
-            return web.Response(status=500, text="engine dead")
-        if self.mode == "partial":
-            return web.Response(text="# TYPE vllm:num_requests_running gauge\n")
-        if self.mode == "malformed":
-            return web.Response(text=vllm_page(0).replace(" 0.0", " zero"))
-        if self.mode == "huge":
-            return web.Response(text=vllm_page(0) + "#" * 150_000)
-        if self.mode == "huge_chunked":  # no Content-Length: known to be too large only late
-            response = web.StreamResponse()
-            response.enable_chunked_encoding()
-            await response.prepare(request)
-            await response.write(vllm_page(0).encode())
-            with contextlib.suppress(ConnectionError):
-                for _ in range(64):
-                    await response.write(b"#" * 16_384)
-            return response
-        if self.mode == "lying":  # the pod that took 763 of 767 requests
-            return web.Response(
-                text=vllm_page(0)
-                + 'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000000000000"} 1\n'
-            )
-        if self.mode == "hang":
-            await asyncio.sleep(30)
-        raise AssertionError(self.mode)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[FakeMetricsServer]:
-    fake = FakeMetricsServer()
-    await fake.start()
-    try:
-        yield fake
-    finally:
-        await fake.stop()
-
-
-async def wait_until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
-
-
-class Recorder:
-    """The three callbacks, recorded."""
-
-    def __init__(self) -> None:
-        self.updates: list[str] = []
-        self.errors: list[tuple[str, ScrapeErrorKind]] = []
-        self.durations: list[tuple[str, float]] = []
-
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "on_update": self.updates.append,
-            "observe_error": lambda pod, kind: self.errors.append((pod, kind)),
-            "observe_scrape": lambda pod, duration: self.durations.append((pod, duration)),
-        }
-
-
-def records(caplog: pytest.LogCaptureFixture, level: int) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == LOGGER and r.levelno == level]
+from xds_server.metrics.store import MetricsStore
 
 
 async def test_scrapes_simulated_pods_of_several_engines() -> None:
@@ -407,54 +305,6 @@ async def test_a_bug_in_reading_is_an_internal_error_with_its_traceback(
     assert "KeyError: 'oops'" in errors[0].getMessage()
 
 
-def test_the_schedule_keeps_a_grid_and_backs_off() -> None:
-    scraper = Scraper(MetricsStore(), interval_s=0.1, max_backoff_s=1.0, seed=4)
-    assert scraper._schedule(5.0, 5.03, None) == pytest.approx(5.1)
-    # Late by more than two intervals: the missed slots are skipped, the phase kept.
-    assert scraper._schedule(5.0, 5.25, None) == pytest.approx(5.3)
-    assert scraper._schedule(5.0, 5.2, None) == pytest.approx(5.3)
-
-    def streak(count: int) -> ErrorStreak:
-        return ErrorStreak(count=count, first_at=0.0, first_error="e", last_error="e")
-
-    for count, base in [(1, 0.1), (2, 0.2), (3, 0.4), (4, 0.8), (5, 1.0), (60, 1.0)]:
-        delay = scraper._schedule(5.0, 6.0, streak(count)) - 6.0
-        assert base * 0.9 <= delay <= base * 1.1, count
-    # A backoff never undercuts the interval.
-    slow = Scraper(MetricsStore(), interval_s=5.0, max_backoff_s=1.0, seed=4)
-    assert 4.5 <= slow._schedule(0.0, 1.0, streak(3)) - 1.0 <= 5.5
-
-
-def test_a_quiet_pod_is_scraped_at_the_quiet_interval() -> None:
-    scraper = Scraper(MetricsStore(), interval_s=0.1, quiet_interval_s=0.5, seed=4)
-    assert scraper._schedule(5.0, 5.03, None, quiet=True) == pytest.approx(5.5)
-    assert scraper._schedule(5.0, 5.03, None, quiet=False) == pytest.approx(5.1)
-    # Never faster than the interval, whatever the quiet one says.
-    fast = Scraper(MetricsStore(), interval_s=0.1, quiet_interval_s=0.05, seed=4)
-    assert fast._schedule(5.0, 5.03, None, quiet=True) == pytest.approx(5.1)
-
-
-async def test_quiet_pods_are_scraped_less_often_and_busy_ones_at_the_interval(
-    server: FakeMetricsServer,
-) -> None:
-    """An idle pod whose page does not change costs a fifth of the scrapes; one with a
-    queue is scraped at the interval, changed or not."""
-    server.waiting = 3
-    recorder = Recorder()
-    async with (
-        SimulatedPod("idle") as idle,
-        Scraper(
-            MetricsStore(), interval_s=0.02, quiet_interval_s=0.1, seed=1, **recorder.kwargs()
-        ) as scraper,
-    ):
-        scraper.set_targets(
-            {"busy": ScrapeTarget(url=server.url), "idle": ScrapeTarget(url=idle.url + "/metrics")}
-        )
-        await wait_until(lambda: recorder.updates.count("idle") >= 6, limit_s=30)
-        busy, quiet = recorder.updates.count("busy"), recorder.updates.count("idle")
-    assert busy >= 2 * quiet, (busy, quiet)
-
-
 def test_targets_are_validated_values() -> None:
     target = ScrapeTarget(url="http://10.0.0.1:8000/metrics", engine="tgi")
     assert target == ScrapeTarget(url="http://10.0.0.1:8000/metrics", engine="tgi")
@@ -490,154 +340,3 @@ async def test_interval_and_timeout_can_change_while_open(server: FakeMetricsSer
         server.mode = "hang"
         await wait_until(lambda: len(recorder.errors) >= 1, limit_s=1.0)
         assert recorder.errors == [("p", ScrapeErrorKind.TIMEOUT)]
-
-
-class ScriptedFetcher:
-    """A PageFetcher at the seam: answers each fetch with the next scripted page or error,
-    and records the loop time of each."""
-
-    def __init__(self, script: list[str | ScrapeError]) -> None:
-        self.script = script
-        self.fetched_at: list[float] = []
-        self.max_bytes = 0
-        self.closed = False
-
-    async def fetch(self, url: URL, *, timeout_s: float, max_bytes: int) -> bytes:
-        self.fetched_at.append(asyncio.get_running_loop().time())
-        self.max_bytes = max_bytes
-        item = self.script.pop(0) if len(self.script) > 1 else self.script[0]
-        if isinstance(item, ScrapeError):
-            raise item
-        return item.encode()
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
-_fetcher: type[PageFetcher] = ScriptedFetcher
-
-
-@pytest.mark.looptime
-async def test_scrapes_run_on_the_loops_clock_with_backoff_through_the_fetch_seam() -> None:
-    refused = ScrapeError("connection refused", kind=ScrapeErrorKind.CONNECT)
-    fetcher = ScriptedFetcher([refused, refused, vllm_page(waiting=4)])
-    store = MetricsStore()
-    scraper = Scraper(
-        store, interval_s=0.5, max_backoff_s=4.0, fetcher=fetcher, seed=3, _iterations=4
-    )
-    async with scraper:
-        scraper.set_targets({"p": ScrapeTarget(url="http://10.0.0.1:8000/metrics")})
-        await scraper.join()
-        observation = store.snapshot(asyncio.get_running_loop().time())["p"]
-    assert fetcher.closed
-    assert observation.metrics is not None and observation.metrics.waiting == 4
-    first, second, third, fourth = fetcher.fetched_at
-    # Two failures back off (0.5 s, then 1 s, each ±10%), then the grid of 0.5 s resumes.
-    assert 0.45 <= second - first <= 0.55
-    assert 0.9 <= third - second <= 1.1
-    assert fourth - third == pytest.approx(0.5)
-
-
-async def test_a_page_over_the_cap_is_cut_counted_and_logged_once_without_a_traceback(
-    server: FakeMetricsServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.DEBUG, logger=LOGGER)
-    recorder = Recorder()
-    store = MetricsStore()
-    server.mode = "huge_chunked"
-    async with Scraper(
-        store, interval_s=0.02, max_backoff_s=0.05, max_page_bytes=100_000, **recorder.kwargs()
-    ) as scraper:
-        scraper.set_targets({"p": ScrapeTarget(url=server.url)})
-        await wait_until(lambda: len(recorder.errors) >= 3, limit_s=20)
-    assert {kind for _, kind in recorder.errors} == {ScrapeErrorKind.TOO_LARGE}
-    observation = store.snapshot(time.monotonic())["p"]
-    assert observation.metrics is None and observation.last_error is not None
-    cut_after = int(observation.last_error.split("cut after ")[1].split(" ")[0])
-    assert 100_000 < cut_after <= 100_000 + 16_384 + 200  # stopped at the chunk past the cap
-    # The rest of the body is never read: the connection is closed, not reused.
-    assert len(server.peers) >= 2
-    warnings = records(caplog, logging.WARNING)
-    assert len(warnings) == 1 and warnings[0].exc_info is None
-    assert "over the 100000-byte cap" in warnings[0].getMessage()
-    assert records(caplog, logging.ERROR) == []
-    assert recorder.updates == []  # the policy hears nothing: the pod is not in rotation
-
-
-async def test_a_page_with_values_no_pod_can_have_is_not_believed(
-    server: FakeMetricsServer, caplog: pytest.LogCaptureFixture
-) -> None:
-    recorder = Recorder()
-    store = MetricsStore()
-    server.mode = "lying"
-    async with Scraper(store, interval_s=0.02, max_backoff_s=0.05, **recorder.kwargs()) as scraper:
-        scraper.set_targets({"p": ScrapeTarget(url=server.url)})
-        await wait_until(lambda: len(recorder.errors) >= 2, limit_s=20)
-        observation = store.snapshot(time.monotonic())["p"]
-        assert observation.metrics is None  # never stored: the pod has no metrics
-        assert recorder.updates == []
-        assert {kind for _, kind in recorder.errors} == {ScrapeErrorKind.IMPLAUSIBLE}
-        warnings = records(caplog, logging.WARNING)
-        assert len(warnings) == 1 and warnings[0].exc_info is None
-        assert (
-            warnings[0]
-            .getMessage()
-            .startswith(
-                f"Not believing the metrics page of pod p ({server.url}): "
-                "vllm:cache_config_info block_size x num_gpu_blocks (kv_capacity) is 1.6e+13, "
-                "above the bound of 4294967296 tokens per pod: not believed. Its last good "
-                "metrics stay in use until they go stale (none: out of rotation)"
-            )
-        )
-        assert records(caplog, logging.ERROR) == []
-        server.mode = "ok"
-        await wait_until(lambda: store.snapshot(time.monotonic())["p"].metrics is not None)
-        await wait_until(lambda: "p" in recorder.updates)
-
-
-def _refuse_long_queues(seen: list[str]) -> Callable[[str, PodMetrics], None]:
-    def check(pod_id: str, metrics: PodMetrics) -> None:
-        seen.append(pod_id)
-        if metrics.waiting > 5:
-            raise ImplausibleMetricsError("waiting", metrics.waiting, "above 5 (the test's)")
-
-    return check
-
-
-@pytest.mark.looptime
-async def test_the_check_sees_every_page_read_before_it_is_stored() -> None:
-    fetcher = ScriptedFetcher([vllm_page(waiting=1), vllm_page(waiting=9), vllm_page(waiting=2)])
-    store = MetricsStore()
-    seen: list[str] = []
-    recorder = Recorder()
-    scraper = Scraper(
-        store,
-        interval_s=0.5,
-        fetcher=fetcher,
-        check=_refuse_long_queues(seen),
-        seed=3,
-        _iterations=3,
-        **recorder.kwargs(),
-    )
-    async with scraper:
-        scraper.set_targets({"p": ScrapeTarget(url="http://10.0.0.1:8000/metrics")})
-        await scraper.join()
-        observation = store.snapshot(asyncio.get_running_loop().time())["p"]
-    assert seen == ["p", "p", "p"]
-    assert recorder.errors == [("p", ScrapeErrorKind.IMPLAUSIBLE)]
-    assert recorder.updates == ["p", "p"]
-    assert observation.metrics is not None and observation.metrics.waiting == 2
-    assert fetcher.max_bytes == 1 << 20  # the default cap, handed to the fetcher
-
-
-async def test_the_page_cap_can_change_while_open(server: FakeMetricsServer) -> None:
-    recorder = Recorder()
-    server.mode = "huge"
-    async with Scraper(MetricsStore(), interval_s=0.02, **recorder.kwargs()) as scraper:
-        scraper.set_targets({"p": ScrapeTarget(url=server.url)})
-        await wait_until(lambda: len(recorder.updates) >= 1)  # 150 KB: under 1 MiB
-        scraper.max_page_bytes = 100_000
-        await wait_until(lambda: len(recorder.errors) >= 1)
-        assert recorder.errors[0] == ("p", ScrapeErrorKind.TOO_LARGE)
-        with pytest.raises(ValueError, match="max_page_bytes must be at least 1"):
-            scraper.max_page_bytes = 0
