@@ -4,110 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.reaction import FakeVllmPod
 from llm_sim.fleet import Fleet, PodSpec
 from llm_sim.pod import BACKEND_ID_HEADER
 from llm_sim.profiles import H100
 from tests.e2e.conftest import eventually
-from xds_server.config import RoutingConfig
-from xds_testbed.gateway import LocalGateway, run_local_gateway
-
-
-@contextlib.asynccontextmanager
-async def gateway_over(
-    pods: list[FakeVllmPod], tmp_path: Path, **balancing: object
-) -> AsyncIterator[LocalGateway]:
-    config = RoutingConfig.model_validate(
-        {
-            "listener": {"address": "127.0.0.1", "port": 0},
-            "updates": {"debounce_s": 0.02},
-            "balancing": {
-                "scrape_interval_s": 0.1,
-                "smoothing": 1.0,
-                "stale_after_s": 0.6,
-                **balancing,
-            },
-            "pools": [
-                {
-                    "name": "gpu",
-                    "models": ["m"],
-                    "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in pods],
-                }
-            ],
-        }
-    )
-    path = tmp_path / "config.yaml"
-    path.write_text(config.model_dump_json())
-    async with run_local_gateway(path, config_poll_s=3600) as gateway:
-        yield gateway
-
-
-async def hosts(gateway: LocalGateway) -> dict[int, tuple[int, str]]:
-    """Envoy's view of the pool: port -> (weight, EDS health)."""
-    clusters = await gateway.envoy.clusters_json()
-    for status in clusters.get("cluster_statuses", []):
-        if status["name"] == "gpu":
-            return {
-                h["address"]["socket_address"]["port_value"]: (
-                    int(h.get("weight", 1)),
-                    h.get("health_status", {}).get("eds_health_status", "HEALTHY"),
-                )
-                for h in status.get("host_statuses", [])
-            }
-    return {}
-
-
-def fleet_config(
-    tmp_path: Path,
-    fleet: Fleet,
-    balancing: dict[str, object],
-    *,
-    flow_control: dict[str, object] | None = None,
-    **pool: object,
-) -> Path:
-    """A config file with one GPU-aware pool `gpu` (model `m`, plus `pool` keys) over the
-    simulated `fleet`."""
-    config = RoutingConfig.model_validate(
-        {
-            "listener": {"address": "127.0.0.1", "port": 0},
-            "updates": {"debounce_s": 0.02},
-            "balancing": balancing,
-            "flow_control": flow_control or {},
-            "pools": [
-                {
-                    "name": "gpu",
-                    "models": ["m"],
-                    **pool,
-                    "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in fleet.pods],
-                }
-            ],
-        }
-    )
-    path = tmp_path / "config.yaml"
-    path.write_text(config.model_dump_json())
-    return path
-
-
-async def pod_samples(gateway: LocalGateway) -> dict[tuple[str, str], float]:
-    """The server's xds_pod_* samples: (name, pod id) -> value."""
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://127.0.0.1:{gateway.app.admin_port}/metrics") as response:
-            text = await response.text()
-    return {
-        (s.name, s.labels["pod"]): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name.startswith("xds_pod_")
-    }
+from tests.e2e.gpu_pool import (
+    fleet_config,
+    gateway_over,
+    hosts,
+    pod_samples,
+)
+from xds_testbed.gateway import run_local_gateway
 
 
 @pytest.fixture
@@ -252,96 +167,6 @@ async def test_bias_zero_spaces_requests_round_robin_on_a_uniform_fleet(tmp_path
     # Sequential requests: round robin cycles through the pods in a fixed order.
     assert sorted(order[:3]) == ["pod-0", "pod-1", "pod-2"]
     assert order == order[:3] * 4
-
-
-async def alternate_adapters(
-    http: aiohttp.ClientSession,
-    url: str,
-    count: int,
-    served: dict[str, list[str]],
-    *,
-    pause_s: float = 0.0,
-) -> None:
-    """`count` completions, adapters a and b in turn; each pod that served one is appended
-    to `served[adapter]`."""
-    for i in range(count):
-        adapter = "ab"[i % 2]
-        body = {"model": adapter, "prompt": "hello there", "max_tokens": 2}
-        async with http.post(f"{url}/v1/completions", json=body) as response:
-            assert response.status == 200, await response.text()
-            served[adapter].append(response.headers[BACKEND_ID_HEADER])
-        await asyncio.sleep(pause_s)
-
-
-async def test_lora_adapters_spread_from_a_cold_start_and_stay_put(tmp_path: Path) -> None:
-    """Two pods with one LoRA slot each and two adapters: the first pod to serve an adapter
-    must not be handed both (its single slot would make one wait behind the other); each
-    adapter settles on its own pod and its requests keep landing there."""
-    profile = dataclasses.replace(H100, max_loras=1)
-    specs = [PodSpec(name=f"pod-{i}", profile=profile, adapters=("a", "b")) for i in range(2)]
-    async with Fleet(specs, model="m") as fleet:
-        path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.05}, adapters=["a", "b"])
-        served: dict[str, list[str]] = {"a": [], "b": []}
-        async with (
-            run_local_gateway(path, config_poll_s=3600) as gateway,
-            aiohttp.ClientSession() as http,
-        ):
-            # A pause between requests: a scrape now and then, as in real traffic.
-            await alternate_adapters(http, gateway.url, 40, served, pause_s=0.03)
-        loads = sum(pod.state_snapshot().engine.adapter_loads for pod in fleet.pods)
-    # After the first few requests (the placement follows the first scrapes), each adapter
-    # has its pod, a different one, and the slots stop changing hands.
-    settled = {adapter: set(pods[10:]) for adapter, pods in served.items()}
-    assert all(len(pods) == 1 for pods in settled.values()), served
-    assert settled["a"] != settled["b"], served
-    assert loads <= 6, (loads, served)
-
-
-async def test_with_adapter_slots_configured_adapters_are_placed_before_the_first_request(
-    tmp_path: Path,
-) -> None:
-    """vLLM reports its LoRA slots only once it has served a LoRA request; with the pool's
-    `adapter_slots`, the server places the adapters before any, one per pod here, so even
-    the first requests of each adapter go to its own pod and no slot changes hands."""
-    profile = dataclasses.replace(H100, max_loras=1)
-    specs = [PodSpec(name=f"pod-{i}", profile=profile, adapters=("a", "b")) for i in range(2)]
-    async with Fleet(specs, model="m") as fleet:
-        path = fleet_config(
-            tmp_path, fleet, {"scrape_interval_s": 0.05}, adapters=["a", "b"], adapter_slots=1
-        )
-        served: dict[str, list[str]] = {"a": [], "b": []}
-        async with (
-            run_local_gateway(path, config_poll_s=3600) as gateway,
-            aiohttp.ClientSession() as http,
-        ):
-
-            async def advertised() -> dict[int, tuple[str, ...]]:
-                """Envoy's EDS for the pool: port -> the adapters in its metadata."""
-                dump = await gateway.envoy.config_dump(
-                    resource="dynamic_endpoint_configs", include_eds="true"
-                )
-                return {
-                    endpoint["endpoint"]["address"]["socket_address"]["port_value"]: tuple(
-                        endpoint.get("metadata", {})
-                        .get("filter_metadata", {})
-                        .get("envoy.lb", {})
-                        .get("lora", [])
-                    )
-                    for config in dump.get("configs", [])
-                    if config["endpoint_config"]["cluster_name"] == "gpu"
-                    for locality in config["endpoint_config"].get("endpoints", [])
-                    for endpoint in locality.get("lb_endpoints", [])
-                }
-
-            async def one_adapter_per_pod() -> bool:
-                return sorted((await advertised()).values()) == [("a",), ("b",)]
-
-            await eventually(one_adapter_per_pod, what="Envoy to hold one adapter per pod")
-            await alternate_adapters(http, gateway.url, 20, served)
-        loads = sum(pod.state_snapshot().engine.adapter_loads for pod in fleet.pods)
-    assert [len(set(pods)) for pods in served.values()] == [1, 1], served
-    assert set(served["a"]) != set(served["b"]), served
-    assert loads == 2, (loads, served)
 
 
 async def test_a_long_prompt_steers_short_requests_away_from_its_pod(tmp_path: Path) -> None:

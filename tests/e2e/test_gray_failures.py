@@ -23,7 +23,7 @@ from llm_sim.fleet import Fleet, PodSpec
 from llm_sim.pod import BACKEND_ID_HEADER
 from llm_sim.profiles import H100
 from tests.e2e.conftest import eventually
-from tests.e2e.test_gpu_aware import fleet_config, hosts
+from tests.e2e.gpu_pool import fleet_config, hosts
 from xds_server.envoy import names
 from xds_testbed.gateway import LocalGateway, run_local_gateway
 
