@@ -461,8 +461,8 @@ def test_a_full_pod_spilled_for_its_queue_holds_through_one_short_queue_whatever
     """The rule-order bug seen with a real vLLM (8 slots): a full pod spilled for its
     queue, whose prefix cache served most of its prompts, read one scrape with a single
     request waiting, and the prefix-cache exemption gave its keys back for that scrape
-    (a keyed request sent then waited 2 s). A full batch now holds the spill before the
-    exemption is asked; the pod takes its keys back once its batch has room."""
+    (a keyed request sent then waited 2 s). A pod with no free slot now holds the spill
+    before the exemption is asked; it takes its keys back once a slot is free."""
     limit = 8
     calm = signals(running=2)
     queued = {A: signals(running=8, waiting=5, prefix_hit_rate=0.8), B: calm}
@@ -473,8 +473,10 @@ def test_a_full_pod_spilled_for_its_queue_holds_through_one_short_queue_whatever
     held = _session_step(short_queue, spilled, limit=limit)
     assert held.spilled == {A}
     assert held.state.endpoints[0].reasons[0].code == "spill_held"
-    room = math.ceil(TUNING.spill_full * limit) - 1
-    with_room = {A: signals(running=room, prefix_hit_rate=0.8), B: calm}
+    full = {A: signals(running=8, prefix_hit_rate=0.8), B: calm}
+    held = _session_step(full, held, limit=limit)
+    assert held.spilled == {A}
+    with_room = {A: signals(running=limit - 1, prefix_hit_rate=0.8), B: calm}
     assert _session_step(with_room, held, limit=limit).spilled == frozenset()
 
 

@@ -10,10 +10,11 @@ order of precedence (docs/routing.md has the measurements behind each):
    pool's `batch_limit`, a queue is a prefill backlog that the next steps clear: it
    counts only beyond what moving costs (`miss_cost`, the extra prefill of a request
    whose prefix is cached where it is). Applies to every pod.
-2. `holds_while_full`: a spilling pod keeps spilling while its batch is at `spill_full`
-   of the limit or more: with no free slot, its keys would only queue again. Applies to
-   every pod, before the prefix-cache exemption (which once ran first: a full real vLLM
-   whose queue read short for one scrape took its keys back, and they waited there).
+2. `holds_while_full`: a spilling pod keeps spilling while it has no free slot (its
+   running and waiting requests fill the limit): its keys would only queue again.
+   Applies to every pod, before the prefix-cache exemption (which once ran first: a full
+   real vLLM whose queue read short for one scrape took its keys back, and they waited
+   there). A pod with a free slot and a cache that pays takes its keys back.
 3. `prefix_cache_pays`: a pod whose prefix cache serves `spill_max_hit_rate` of its
    prompt tokens or more keeps its keys through a full batch, and so do all pods when
    the pool's `batch_limit` is unknown: the rules below are skipped.
@@ -121,13 +122,12 @@ def queue_beyond_peers(view: SpillView, key: str) -> Reason | None:
 def holds_while_full(view: SpillView, key: str) -> Reason | None:
     signals = view.fresh[key]
     limit = view.limit
-    if limit is not None and key in view.spilled:
-        if signals.running >= view.tuning.spill_full * limit:
-            return Reason(
-                "spill_held",
-                f"batch {signals.running:g} of limit {limit} still full"
-                f" (>= {view.tuning.spill_full:g})",
-            )
+    if limit is not None and key in view.spilled and signals.running + signals.waiting >= limit:
+        return Reason(
+            "spill_held",
+            f"no free slot: {signals.running:g} running + {signals.waiting:g} waiting"
+            f" of limit {limit}",
+        )
     return None
 
 
