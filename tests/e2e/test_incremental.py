@@ -12,6 +12,7 @@ hosts and weights for every pool are what the config says, and every model answe
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from typing import Any
 
@@ -137,7 +138,13 @@ async def test_incremental_pushes_lose_nothing_across_cluster_updates_and_reconn
                 lambda: _version(first, ResourceType.CLUSTER) != clusters,
                 what="the new clusters",
             )
-            await first.registry.wait_for_ack("cds", _version(first, ResourceType.CLUSTER))
+            # Envoy ACKs the clusters once the updated one has warmed, which takes its
+            # assignment: sent only after that ACK, it came at Envoy's initial fetch
+            # timeout (15 s) with Delta xDS.
+            await asyncio.wait_for(
+                first.registry.wait_for_ack("cds", _version(first, ResourceType.CLUSTER)),
+                timeout=10,
+            )
             await eventually(
                 lambda: _eds_resources_sent(first) - sent >= 1,
                 what="a's assignment sent again",

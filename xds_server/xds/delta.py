@@ -12,7 +12,10 @@ Rules (https://www.envoyproxy.io/docs/envoy/latest/api-docs/xds_protocol#increme
   subscription; unsubscribing "*" ends it.
 - Order and holds as in SotW: CDS before EDS, LDS before RDS. When a cluster changes, the
   ClusterLoadAssignment it references is sent again (Envoy needs it to finish warming the
-  updated cluster), once Envoy asks for EDS or acknowledges CDS.
+  updated cluster) right after the clusters, on the same stream: Envoy already subscribes
+  to that name, so it asks for nothing, and it acknowledges the clusters only once they
+  have warmed; held until then, the assignment came at Envoy's `initial_fetch_timeout`
+  (15 s) instead.
 - A NACKed resource is not sent again until it changes.
 """
 
@@ -131,12 +134,15 @@ class DeltaStream(ProtocolStream[_DeltaTypeState]):
             state.client_has[resource.name] = resource.version
         for name in removed:
             del state.client_has[name]
+        resend = False
         if resource_type is ResourceType.CLUSTER:
-            # Envoy re-subscribes an updated cluster's endpoints and needs them re-sent.
+            # An updated cluster needs its endpoints again, which Envoy will not ask for.
             endpoints = self._types[ResourceType.ENDPOINT]
             for resource in updates:
                 for name in resource.references:
-                    endpoints.client_has.pop(name, None)
+                    resend = endpoints.client_has.pop(name, None) is not None or resend
             endpoints.dirty = True
         self._sent(resource_type, response)
+        if resend:
+            self._types[ResourceType.ENDPOINT].held = False
         return response
