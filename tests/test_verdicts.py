@@ -68,6 +68,8 @@ class Fleet:
         self.failure = NO_ANSWER
         self.suspected: list[str] = []
         self.verdict_probes: list[str] = []
+        # False: probes are left due, for the test to answer.
+        self.probe_inline = True
 
     def _changed(self) -> None:
         self.changes += 1
@@ -92,7 +94,7 @@ class Fleet:
                     finished[pod] = (ok, bad)
             load = _load(in_flight, finished, self.clock.now)
             self.verdicts.reported("envoy-1", {"p": load}, self.clock.now)
-            for key, _, timeout_s in self.verdicts.due_probes():
+            for key, _, timeout_s in self.verdicts.due_probes() if self.probe_inline else ():
                 if key in self.judged():
                     assert timeout_s == 5.0
                     self.verdict_probes.append(key)
@@ -129,6 +131,29 @@ def test_a_pod_whose_requests_stop_finishing_is_suspected_and_judged_on_its_prob
     detail = fleet.verdicts.to_json()[0]
     assert detail["pod"] == PODS[0] and "owes" in str(detail["detail"])
     assert "no complete answer" in str(detail["detail"])
+
+
+def test_a_suspect_that_finishes_requests_while_its_probe_times_out_is_slow_not_stalled() -> None:
+    """Seen on scenario a with the host short of CPU: a busy H100 pod owed completions, its
+    probe's second token came after the 1 s, and it was out for 9 s while it served. The
+    Envoys saw it finish requests meanwhile: no verdict. A wedged pod finishes none."""
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    fleet.probe_inline = False
+    quiet = {**SERVING, PODS[0]: 0.0}
+    while fleet.verdicts.next_probe_at() is None:
+        fleet.run(INTERVAL_S, BUSY, quiet)
+    (key, _, _), *_ = fleet.verdicts.due_probes()
+    fleet.run(1.0, BUSY, SERVING)  # finishing requests while the probe is out
+    fleet.verdicts.probed(key, NO_ANSWER)
+    assert fleet.judged() == {} and fleet.made == []
+    # Quiet again, and quiet while probed: stalled.
+    while fleet.verdicts.next_probe_at() is None:
+        fleet.run(INTERVAL_S, BUSY, quiet)
+    (key, _, _), *_ = fleet.verdicts.due_probes()
+    fleet.run(1.0, BUSY, quiet)
+    fleet.verdicts.probed(key, NO_ANSWER)
+    assert fleet.judged() == {PODS[0]: "stalled"}
 
 
 def test_a_suspect_whose_probe_is_served_is_cleared() -> None:

@@ -493,17 +493,20 @@ class PodVerdicts:
 
     def probed(self, key: str, failure: ProbeFailure | None) -> None:
         """The probe of pod `key` finished: `failure` says why it failed (None: it served).
-        A suspect's probe that timed out makes it stalled; one that failed otherwise (a
-        reset, an error status), failing."""
+        A suspect's probe that timed out makes it stalled, unless the Envoys saw the pod
+        finish requests while it was probed: then it serves, slowly (a long prefill, a
+        host short of CPU held the probe's second token), and the suspicion clears. One
+        that failed otherwise (a reset, an error status), failing."""
         pod = self._pods.get(key)
         if pod is None:
             return
         pod.probing = False
         if pod.verdict is None and pod.suspected_at is not None:
             # A suspicion, confirmed or cleared.
+            finished_since = pod.quiet_since > pod.suspected_at
             pod.suspected_at = None
             now = self._clock()
-            if failure is None:
+            if failure is None or (failure.timed_out and finished_since):
                 pod.owed, pod.quiet_since = 0.0, now
             elif self._may_judge(pod):
                 detail = f"{pod.suspicion}; a probe: {failure}"
