@@ -14,7 +14,11 @@ from xds_server.xds.load_reports import ClusterLoad, Rates
 
 PODS = [f"10.0.0.{i}:8000" for i in range(1, 5)]
 INTERVAL_S = 0.25
-NO_ANSWER = ProbeFailure("no complete answer within 1 s", timed_out=True)
+NO_ANSWER = ProbeFailure(
+    "no complete answer within 1 s of its first chunk", timed_out=True, started=True
+)
+# A probe that waited behind the pod's queue and never began.
+NOT_BEGUN = ProbeFailure("no answer began within 5 s", timed_out=True)
 
 
 def _config(pods: list[str] = PODS, **verdicts: object) -> RoutingConfig:
@@ -68,6 +72,7 @@ class Fleet:
         self.failure = NO_ANSWER
         self.suspected: list[str] = []
         self.verdict_probes: list[str] = []
+        self.second_looks: list[str] = []
         # False: probes are left due, for the test to answer.
         self.probe_inline = True
 
@@ -98,6 +103,8 @@ class Fleet:
                 if key in self.judged():
                     assert timeout_s == 5.0
                     self.verdict_probes.append(key)
+                elif timeout_s == 5.0:  # a second look at a suspect
+                    self.second_looks.append(key)
                 else:
                     assert timeout_s == 1.0
                     self.suspected.append(key)
@@ -127,6 +134,8 @@ def test_a_pod_whose_requests_stop_finishing_is_suspected_and_judged_on_its_prob
     # quiet for at least 0.5 s; then its probe is not answered.
     assert elapsed <= 0.75
     assert fleet.suspected == [PODS[0]]
+    # A pod that served at its peers' pace gets no second look: judged at once.
+    assert fleet.second_looks == []
     assert fleet.made == ["stalled"]
     detail = fleet.verdicts.to_json()[0]
     assert detail["pod"] == PODS[0] and "owes" in str(detail["detail"])
@@ -152,6 +161,47 @@ def test_a_suspect_that_finishes_requests_while_its_probe_times_out_is_slow_not_
         fleet.run(INTERVAL_S, BUSY, quiet)
     (key, _, _), *_ = fleet.verdicts.due_probes()
     fleet.run(1.0, BUSY, quiet)
+    fleet.verdicts.probed(key, NO_ANSWER)
+    assert fleet.judged() == {PODS[0]: "stalled"}
+
+
+def test_a_suspect_whose_probe_never_began_waited_in_a_queue_and_is_not_judged() -> None:
+    """A slow pod (an A10G beside H100s, scenario a) owes completions at its pool's pace
+    and queues: a probe's answer that does not begin within probe_timeout_s waited there.
+    A pod that answers nothing at all is out by its scrapes or its engine's counters."""
+    fleet = Fleet(_config())
+    fleet.run(10, BUSY, SERVING)
+    fleet.broken.add(PODS[0])
+    fleet.failure = NOT_BEGUN
+    fleet.run(5, BUSY, {**SERVING, PODS[0]: 0.0})
+    assert PODS[0] in fleet.suspected
+    assert fleet.judged() == {} and fleet.made == []
+
+
+def test_a_slow_pod_whose_second_token_is_late_passes_its_second_look() -> None:
+    """A10G-like pods beside H100s (scenario a): a batch's decode step takes longer than
+    confirm_timeout_s, so a probe's answer begins and then pauses past it. The second
+    look, given probe_timeout_s, is served: no verdict."""
+    fleet = Fleet(_config())
+    slow = {**SERVING, PODS[0]: 16.0 / 4}  # four times its peers' time per request
+    fleet.run(10, BUSY, slow)
+    fleet.probe_inline = False
+    while fleet.verdicts.next_probe_at() is None:
+        fleet.run(INTERVAL_S, BUSY, {**SERVING, PODS[0]: 0.0})
+    [(key, _, timeout_s)] = fleet.verdicts.due_probes()
+    assert timeout_s == 1.0
+    fleet.verdicts.probed(key, NO_ANSWER)
+    [(key, _, timeout_s)] = fleet.verdicts.due_probes()
+    assert timeout_s == 5.0
+    fleet.verdicts.probed(key, None)
+    assert fleet.judged() == {} and fleet.made == []
+    assert fleet.verdicts.next_probe_at() is None
+    # Slow and wedged: the second look stops too.
+    while fleet.verdicts.next_probe_at() is None:
+        fleet.run(INTERVAL_S, BUSY, {**SERVING, PODS[0]: 0.0})
+    [(key, _, _)] = fleet.verdicts.due_probes()
+    fleet.verdicts.probed(key, NO_ANSWER)
+    [(key, _, _)] = fleet.verdicts.due_probes()
     fleet.verdicts.probed(key, NO_ANSWER)
     assert fleet.judged() == {PODS[0]: "stalled"}
 

@@ -169,6 +169,10 @@ class _Pod:
     # Suspected stalled since (None: not): a probe with the confirmation bound decides.
     suspected_at: float | None = None
     suspicion: str = ""
+    # A pod slower than its peers whose first probe's answer began and stopped: the next
+    # one may take probe_timeout_s to finish (a slow pod's tokens come seconds apart; a
+    # wedged one's never).
+    second_look: bool = False
 
 
 @dataclass
@@ -355,6 +359,18 @@ class PodVerdicts:
             pace = max(pace, pod.own_pace)
         return pace if pace > 0 else None
 
+    def _slower_than_peers(self, pod: _Pod, now: float) -> bool:
+        """Whether the pod is known to serve slower than its peers: slowness steps, or its
+        own time per request SLOW_RATIO times theirs (an A10G beside H100s)."""
+        if pod.slow_steps:
+            return True
+        pool = self._pools[pod.pool]
+        peers_done = pool.done.value(now) - pod.done.value(now)
+        if pod.own_pace is None or peers_done < MIN_PEER_COMPLETIONS:
+            return False
+        peers = (pool.busy.value(now) - pod.busy.value(now)) / peers_done
+        return pod.own_pace > SLOW_RATIO * peers
+
     def _step_slowness(self, key: str, pod: _Pod, pool: _Pool, now: float) -> bool:
         """One step more of slowness every SLOW_STEP_S the pod takes SLOW_RATIO times its
         peers' time per request (over the last SLOW_DECAY_S), up to MAX_SLOW_STEPS; one
@@ -471,9 +487,8 @@ class PodVerdicts:
         for key, pod in self._pods.items():
             if (pod.verdict or pod.suspected_at) and not pod.probing and pod.next_probe_at <= now:
                 pod.probing = True
-                timeout = (
-                    settings.probe_timeout_s if pod.verdict else settings.confirm_timeout_s
-                )
+                patient = pod.verdict is not None or pod.second_look
+                timeout = settings.probe_timeout_s if patient else settings.confirm_timeout_s
                 due.append((key, pod.model, timeout))
         return due
 
@@ -492,11 +507,15 @@ class PodVerdicts:
         return min(times, default=None)
 
     def probed(self, key: str, failure: ProbeFailure | None) -> None:
-        """The probe of pod `key` finished: `failure` says why it failed (None: it served).
-        A suspect's probe that timed out makes it stalled, unless the Envoys saw the pod
-        finish requests while it was probed: then it serves, slowly (a long prefill, a
-        host short of CPU held the probe's second token), and the suspicion clears. One
-        that failed otherwise (a reset, an error status), failing."""
+        """The probe of pod `key` finished: `failure` says why it failed (None: it served). A
+        suspect's probe whose answer began and stopped gets a second look, a probe given
+        `probe_timeout_s` to finish (a slow pod's tokens come seconds apart); when that one
+        also stops, the pod is stalled, unless the Envoys saw it finish requests while it
+        was probed (it serves, slowly: a long prefill, a host short of CPU). A probe whose
+        answer never began clears the suspicion: it waited behind a queue (a slow pod's
+        requests take long), and a pod that answers nothing at all is out by its scrapes or
+        its engine's counters. One that failed otherwise (a reset, an error status),
+        failing."""
         pod = self._pods.get(key)
         if pod is None:
             return
@@ -504,9 +523,15 @@ class PodVerdicts:
         if pod.verdict is None and pod.suspected_at is not None:
             # A suspicion, confirmed or cleared.
             finished_since = pod.quiet_since > pod.suspected_at
-            pod.suspected_at = None
             now = self._clock()
-            if failure is None or (failure.timed_out and finished_since):
+            busy = failure is not None and failure.timed_out
+            slower = self._slower_than_peers(pod, now)
+            if busy and failure.started and slower and not finished_since and not pod.second_look:
+                # Begun and stopped: a second look, given `probe_timeout_s` to finish.
+                pod.second_look, pod.next_probe_at = True, now
+                return
+            pod.suspected_at, pod.second_look = None, False
+            if failure is None or (busy and (finished_since or not failure.started)):
                 pod.owed, pod.quiet_since = 0.0, now
             elif self._may_judge(pod):
                 detail = f"{pod.suspicion}; a probe: {failure}"

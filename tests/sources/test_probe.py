@@ -21,7 +21,8 @@ async def test_a_probe_is_served_by_a_pod_that_serves_and_not_by_one_that_stalls
             pod.host, pod.port, "m", timeout_s=0.5, first_chunk_s=10
         )
         # The first chunk came (it may take up to 10 s), then nothing for 0.5 s.
-        assert stalled is not None and stalled.timed_out
+        assert stalled is not None and stalled.timed_out and stalled.started
+        assert "of its first chunk" in str(stalled)
         assert loop.time() - started < 5
         pod.unwedge()
         pod.reset_requests(True)
@@ -33,6 +34,7 @@ async def test_a_probe_is_served_by_a_pod_that_serves_and_not_by_one_that_stalls
             frozen = await probe_completion(pod.host, pod.port, "m", timeout_s=0.5)
         finally:
             pod.thaw()
-        assert frozen is not None and frozen.timed_out
+        assert frozen is not None and frozen.timed_out and not frozen.started
+        assert "no answer began" in str(frozen)
         wrong = await probe_completion(pod.host, pod.port, "no-such-model", timeout_s=5)
         assert wrong is not None and not wrong.timed_out and "HTTP 4" in str(wrong)

@@ -22,10 +22,13 @@ _MAX_ANSWER_BYTES = 64 << 10
 @dataclass(frozen=True)
 class ProbeFailure:
     """Why a probe was not served: `timed_out` (no complete answer in time: a stalled
-    pod), else an error (a status, a reset, a refused connection: a failing one)."""
+    pod), else an error (a status, a reset, a refused connection: a failing one);
+    `started`: its answer's first chunk came (a generation that began and stopped, where
+    one that never began may be waiting behind a long queue)."""
 
     detail: str
     timed_out: bool = False
+    started: bool = False
 
     def __str__(self) -> str:
         return self.detail
@@ -41,12 +44,12 @@ async def probe_completion(
     body = {"model": model, "prompt": "ping", "max_tokens": 2, "stream": True}
     url = f"http://{host}:{port}/v1/completions"
     waited = first_chunk_s if first_chunk_s is not None else timeout_s
+    answer = b""
     try:
         async with asyncio.timeout(waited) as deadline, aiohttp.ClientSession() as session:
             async with session.post(url, json=body) as response:
                 if response.status != 200:
                     return ProbeFailure(f"HTTP {response.status}")
-                answer = b""
                 async for chunk in response.content.iter_any():
                     if not answer and first_chunk_s is not None:
                         deadline.reschedule(asyncio.get_running_loop().time() + timeout_s)
@@ -57,6 +60,10 @@ async def probe_completion(
                         return ProbeFailure("an answer longer than two tokens")
                 return ProbeFailure("the stream ended without [DONE]")
     except TimeoutError:
-        return ProbeFailure(f"no complete answer within {timeout_s:g} s", timed_out=True)
+        if answer:
+            detail = f"no complete answer within {timeout_s:g} s of its first chunk"
+        else:
+            detail = f"no answer began within {waited:g} s"
+        return ProbeFailure(detail, timed_out=True, started=bool(answer))
     except aiohttp.ClientError as error:
         return ProbeFailure(f"{type(error).__name__}: {error}")
