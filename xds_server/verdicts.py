@@ -521,22 +521,7 @@ class PodVerdicts:
             return
         pod.probing = False
         if pod.verdict is None and pod.suspected_at is not None:
-            # A suspicion, confirmed or cleared.
-            finished_since = pod.quiet_since > pod.suspected_at
-            now = self._clock()
-            busy = failure is not None and failure.timed_out
-            slower = self._slower_than_peers(pod, now)
-            if busy and failure.started and slower and not finished_since and not pod.second_look:
-                # Begun and stopped: a second look, given `probe_timeout_s` to finish.
-                pod.second_look, pod.next_probe_at = True, now
-                return
-            pod.suspected_at, pod.second_look = None, False
-            if failure is None or (busy and (finished_since or not failure.started)):
-                pod.owed, pod.quiet_since = 0.0, now
-            elif self._may_judge(pod):
-                detail = f"{pod.suspicion}; a probe: {failure}"
-                self._make(key, pod, "stalled" if failure.timed_out else "failing", now, detail)
-                self._changed()
+            self._settle_suspicion(key, pod, failure)
             return
         if pod.verdict is None:
             return
@@ -551,6 +536,26 @@ class PodVerdicts:
         logger.info(
             "Probe of pod %s failed (%s); next in %.0f s.", key, failure, pod.probe_interval_s
         )
+
+    def _settle_suspicion(self, key: str, pod: _Pod, failure: ProbeFailure | None) -> None:
+        """A suspect's probe came back (`probed`): a second look, cleared, or judged."""
+        assert pod.suspected_at is not None
+        finished_since = pod.quiet_since > pod.suspected_at
+        now = self._clock()
+        timed_out = failure is not None and failure.timed_out
+        began = failure is not None and failure.started
+        if timed_out and began and not finished_since and not pod.second_look:
+            if self._slower_than_peers(pod, now):
+                # Begun and stopped: a second look, given `probe_timeout_s` to finish.
+                pod.second_look, pod.next_probe_at = True, now
+                return
+        pod.suspected_at, pod.second_look = None, False
+        if failure is None or (timed_out and (finished_since or not began)):
+            pod.owed, pod.quiet_since = 0.0, now
+        elif self._may_judge(pod):
+            detail = f"{pod.suspicion}; a probe: {failure}"
+            self._make(key, pod, "stalled" if failure.timed_out else "failing", now, detail)
+            self._changed()
 
     # -- queries ----------------------------------------------------------------------------
 
