@@ -22,7 +22,9 @@ from typing import Any
 
 from xds_server.config import RoutingConfig
 from xds_server.policy.admission import BandLoad
+from xds_server.policy.affinity import AffinityMemory
 from xds_server.policy.decision import DecisionInputs, FleetLoad, PolicyMemory, PoolLoad, PoolMemory
+from xds_server.policy.homes import HomeMemory
 from xds_server.policy.shares import EnvoyDemand
 from xds_server.policy.signals import PodSignals
 
@@ -100,6 +102,19 @@ def decode_inputs(raw: Mapping[str, Any], config: RoutingConfig) -> DecisionInpu
     )
 
 
+def _homes(raw: Mapping[str, Any] | None) -> HomeMemory:
+    """A pool's key-homes memory (recordings before it have none)."""
+    if raw is None:
+        return HomeMemory()
+    return HomeMemory(
+        factors=dict(raw["factors"]),
+        load=dict(raw["load"]),
+        spills=dict(raw["spills"]),
+        samples=raw["samples"],
+        ratios=dict(raw["ratios"]),
+    )
+
+
 def decode_memory(raw: Mapping[str, Any]) -> PolicyMemory:
     return PolicyMemory(
         pools={
@@ -108,6 +123,8 @@ def decode_memory(raw: Mapping[str, Any]) -> PolicyMemory:
                 placement={k: tuple(v) for k, v in p["placement"].items()},
                 adapter_activity=dict(p["adapter_activity"]),
                 spilled=frozenset(p["spilled"]),
+                homes=_homes(p.get("homes")),
+                affinity=AffinityMemory(**p.get("affinity", {})),
             )
             for name, p in raw["pools"].items()
         }

@@ -185,6 +185,79 @@ class Tuning(BaseModel):
         " with three of four out, one pod took every key.",
         evidence="bench/results/h-spill-to-pool",
     )
+    # Key homes (homes.py).
+    home_window_intervals: float = _knob(
+        40.0,
+        ge=1.0,
+        le=10_000.0,
+        unit="decisions",
+        meaning="A pool's key homes are weighed over this many decisions (about 10 s at"
+        " the default scrape interval) and moved at most once per window.",
+        evidence="bench/results/homes (c, seeds 4-8)",
+    )
+    home_tolerance: float = _knob(
+        0.2,
+        gt=0.0,
+        le=10.0,
+        unit="ratio - 1",
+        meaning="Key homes move when some pod's share of the pool's load is off its share of"
+        " the capacity by more than this (0.2: beyond 1.2x or under 0.8x).",
+        evidence="bench/results/homes (c, seeds 4-8)",
+    )
+    home_max_factor: float = _knob(
+        4.0,
+        ge=1.0,
+        le=100.0,
+        unit="factor",
+        meaning="A pod's ring weight is cut to no less than its capacity's over this; 1"
+        " keeps the hash's homes.",
+        evidence="bench/results/homes (c, seeds 4-8)",
+    )
+    home_spill_share: float = _knob(
+        0.25,
+        gt=0.0,
+        le=1.0,
+        unit="share of the window",
+        meaning="Only a pod that spilled its keys in this share of the window's decisions"
+        " has keys moved off it for good (a move costs each moved key its prefix).",
+        evidence="bench/results/homes (c: moves by load share alone cost P95 0.14 -> 0.51 s)",
+    )
+    home_min_load: float = _knob(
+        1.0,
+        unit="requests per pod",
+        meaning="Key homes move only while the pool's pods hold this many requests each on"
+        " average (running plus waiting): an idle pool's shares are noise.",
+        evidence="design",
+    )
+    # Whether affinity pays (affinity.py).
+    affinity_min_cached_tokens: float = _knob(
+        512.0,
+        le=1_000_000.0,
+        unit="prompt tokens per request",
+        meaning="A pool's session keys stop sticking to their pods while the pods' prefix"
+        " caches save fewer prompt tokens than this per request (a short prefix is cached"
+        " on every pod anyway).",
+        evidence="bench/results/affinity-pays (h: ~200 per request, c: ~1,700)",
+    )
+    affinity_resume_factor: float = _knob(
+        1.5,
+        ge=1.0,
+        le=100.0,
+        unit="factor",
+        meaning="Suspended keys stick again once the caches save this many times"
+        " affinity_min_cached_tokens per request (hysteresis).",
+        evidence="design",
+    )
+    affinity_streak_intervals: float = _knob(
+        80.0,
+        ge=1.0,
+        le=100_000.0,
+        unit="decisions",
+        meaning="Affinity is suspended or resumed after this many decisions in a row argue"
+        " for it (about 20 s at the default scrape interval: longer than a cold cache's"
+        " first misses).",
+        evidence="bench/results/affinity-pays",
+    )
     # Health (health.py).
     max_stalled_share: float = _knob(
         0.5,

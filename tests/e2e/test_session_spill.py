@@ -8,93 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from tests.e2e.conftest import eventually
+from tests.e2e.session_pods import Pod, homes_on_every_pod, session_config, session_gateway
+from tests.e2e.session_pods import served as serving_pod
 from xds_server.app import XdsApplication
-from xds_server.config import RoutingConfig
 from xds_server.envoy import names, render_bootstrap
 from xds_server.settings import ServerSettings
 from xds_testbed.envoy_process import EnvoyProcess
-from xds_testbed.gateway import run_local_gateway
-
-POD_HEADER = "x-test-pod"
-
-_PAGE = """\
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{{model_name="m"}} {waiting}
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{{model_name="m"}} {running}
-# TYPE vllm:gpu_cache_usage_perc gauge
-vllm:gpu_cache_usage_perc{{model_name="m"}} 0.2
-# TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{{block_size="16",num_gpu_blocks="5000"}} 1
-"""
-
-
-class Pod:
-    """A model server double: a vLLM-style /metrics page with a settable queue and batch,
-    and a chat endpoint that says which pod answered."""
-
-    def __init__(self) -> None:
-        self.waiting = 0
-        self.running = 1
-        self.port = 0
-
-    async def _metrics(self, _: web.Request) -> web.Response:
-        return web.Response(
-            text=_PAGE.format(waiting=self.waiting, running=self.running), content_type="text/plain"
-        )
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        await request.read()
-        body = {"object": "chat.completion", "choices": [], "model": "m"}
-        return web.json_response(body, headers={POD_HEADER: str(self.port)})
-
-    @contextlib.asynccontextmanager
-    async def serving(self) -> AsyncIterator[Pod]:
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        self.port = int(runner.addresses[0][1])
-        try:
-            yield self
-        finally:
-            await runner.cleanup()
-
-
-def _config(pods: list[Pod], spill_to: str) -> RoutingConfig:
-    return RoutingConfig.model_validate(
-        {
-            "listener": {"address": "127.0.0.1", "port": 0},
-            "updates": {"debounce_s": 0.02},
-            "balancing": {"scrape_interval_s": 0.1, "smoothing": 1.0, "spill_to": spill_to},
-            "pools": [
-                {
-                    "name": "gpu",
-                    "models": ["m"],
-                    "session_affinity": True,
-                    "batch_limit": 16,
-                    "endpoints": [{"address": "127.0.0.1", "port": p.port} for p in pods],
-                }
-            ],
-        }
-    )
-
-
-async def _served(http: aiohttp.ClientSession, url: str, user: str) -> int:
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": user}
-    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
-        assert response.status == 200, await response.text()
-        return int(response.headers[POD_HEADER])
 
 
 @pytest.mark.parametrize("spill_to", ["pool", "ring"])
@@ -103,21 +28,15 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
-        config = _config(pods, spill_to)
-        path = tmp_path / "config.yaml"
-        path.write_text(config.model_dump_json())
-        gateway = await stack.enter_async_context(run_local_gateway(path, config_poll_s=3600))
-        http = await stack.enter_async_context(aiohttp.ClientSession())
+        gateway, http = await session_gateway(stack, pods, tmp_path, spill_to=spill_to)
+        config = gateway.app.controller.config
+        assert config is not None
 
         async def served(user: str) -> int:
-            return await _served(http, gateway.url, user)
+            return await serving_pod(http, gateway.url, user)
 
         # Where each of 60 keys lives while no pod queues (all three pods in rotation).
-        async def homes() -> dict[str, int] | None:
-            found = {f"user-{i}": await served(f"user-{i}") for i in range(60)}
-            return found if len(set(found.values())) == 3 else None
-
-        home = await eventually(homes, within_s=20, what="keys on all three pods")
+        home = await homes_on_every_pod(http, gateway.url, keys=60, pods=3)
         hot, cold = pods[0].port, pods[1].port
         hot_keys = [k for k, p in home.items() if p == hot]
         cold_keys = [k for k, p in home.items() if p == cold]
@@ -177,7 +96,7 @@ async def test_an_envoy_without_the_internal_listener_extension_gets_spills_to_t
     async with contextlib.AsyncExitStack() as stack:
         pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
         path = tmp_path / "config.yaml"
-        path.write_text(_config(pods, "pool").model_dump_json())
+        path.write_text(session_config(pods, spill_to="pool").model_dump_json())
         settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=3600)
         app = await stack.enter_async_context(XdsApplication(settings))
         await app.wait_ready(within_s=20)
@@ -205,7 +124,7 @@ async def test_an_envoy_without_the_internal_listener_extension_gets_spills_to_t
         assert names.spill_listener_name("gpu") not in listeners
 
         async def served(user: str) -> int:
-            return await _served(http, url, user)
+            return await serving_pod(http, url, user)
 
         async def homes() -> dict[str, int] | None:
             found = {f"user-{i}": await served(f"user-{i}") for i in range(60)}
@@ -220,7 +139,7 @@ async def test_an_envoy_without_the_internal_listener_extension_gets_spills_to_t
         async def spilled() -> bool:
             return all([await served(k) != hot for k in hot_keys])
 
-        # Every request answered 200 (`_served` asserts it), each spilled key by one pod.
+        # Every request answered 200 (`serving_pod` asserts it), each spilled key by one pod.
         await eventually(spilled, within_s=20, what="the hot pod's keys to spill")
         for key in hot_keys:
             assert len({await served(key) for _ in range(4)}) == 1, key

@@ -72,6 +72,14 @@ def test_every_flavour_reads_the_engines_state(flavour: Flavour) -> None:
     assert state.generation_tokens_total > 0
     expected_progress = progress if flavour in (Flavour.VLLM, Flavour.SGLANG) else None
     assert metrics.tokens_processed == expected_progress
+    # Finished requests (vLLM, SGLang, trtllm-serve; TGI and Triton are not read).
+    finished = sum(state.finished.values())
+    if flavour in (Flavour.VLLM, Flavour.SGLANG):
+        assert finished > 0 and metrics.requests_finished == finished
+    elif flavour is Flavour.TRTLLM_SERVE:
+        assert metrics.requests_finished is not None
+    else:
+        assert metrics.requests_finished is None
     if flavour is not Flavour.VLLM:
         assert (metrics.lora_running, metrics.lora_waiting, metrics.max_lora) == ((), (), None)
 

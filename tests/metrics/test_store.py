@@ -107,6 +107,38 @@ def test_a_counter_reset_counts_the_new_values_as_the_increase() -> None:
     assert rate(store) == pytest.approx(90 / 160)
 
 
+def saved(store: MetricsStore) -> float | None:
+    observation = store.observation("p", now=0.0)
+    assert observation is not None
+    return observation.cached_tokens_per_request
+
+
+def _with_requests(hits: float, queries: float, requests: float | None) -> PodMetrics:
+    return PodMetrics(
+        waiting=0,
+        running=1,
+        prefix_cache_hits_tokens=hits,
+        prefix_cache_queries_tokens=queries,
+        requests_finished=requests,
+    )
+
+
+def test_cached_tokens_per_request_are_the_windows_hits_over_its_finished_requests() -> None:
+    store = MetricsStore(hit_rate_half_life_s=1e9)  # no decay: exact sums
+    store.record_success("p", _with_requests(0, 0, 0), now=0.0)
+    assert saved(store) is None
+    store.record_success("p", _with_requests(2_048, 2_304, 0), now=1.0)
+    assert saved(store) is None  # hits, but no request finished yet
+    store.record_success("p", _with_requests(4_096, 4_608, 2), now=2.0)
+    assert saved(store) == pytest.approx(4_096 / 2)
+    store.record_success("p", _with_requests(4_096, 4_608, 2), now=3.0)  # idle: it stands
+    assert saved(store) == pytest.approx(4_096 / 2)
+    store.record_success("p", _with_requests(4_096, 4_864, 4), now=4.0)  # two misses
+    assert saved(store) == pytest.approx(4_096 / 4)
+    store.record_success("p", _with_requests(4_096, 4_864, None), now=5.0)  # no counter
+    assert saved(store) is None
+
+
 def test_no_counters_no_rate() -> None:
     store = MetricsStore()
     store.record_success("p", metrics(0, 0), now=0.0)

@@ -61,21 +61,44 @@ def test_healthy_endpoints_follow_the_decision_else_the_config() -> None:
     assert healthy_endpoints(View(None)) == {}
 
 
+def _series(registry: CollectorRegistry, name: str) -> dict[str, float]:
+    return {
+        sample.labels["pool"]: sample.value
+        for family in registry.collect()
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
 def test_the_gauge_has_one_series_per_pool_of_the_config_in_force() -> None:
     view = View(parse_config(CONFIG))
     registry = CollectorRegistry()
     registry.register(PoolCollector(view))
 
     def series() -> dict[str, float]:
-        return {
-            sample.labels["pool"]: sample.value
-            for family in registry.collect()
-            for sample in family.samples
-            if sample.name == "xds_pool_healthy_endpoints"
-        }
+        return _series(registry, "xds_pool_healthy_endpoints")
 
     assert series() == {"scored": 2, "static": 1, "drained": 0, "empty": 0}
     view.config = parse_config("pools: [{name: static, models: [n]}]")
     assert series() == {"static": 0}  # the other pools' series are gone
     view.config = None
+    assert series() == {}
+
+
+def test_affinity_suspension_has_a_series_per_decided_pool_with_session_affinity() -> None:
+    affine = CONFIG.replace("  - name: scored\n", "  - name: scored\n    session_affinity: true\n")
+    config = parse_config(affine)
+    view = View(config, Decision(pools={"scored": _state(Health.HEALTHY)}))
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(view))
+
+    def series() -> dict[str, float]:
+        return _series(registry, "xds_pool_affinity_suspended")
+
+    assert series() == {"scored": 0.0}
+    endpoints = _state(Health.HEALTHY).endpoints
+    suspended = PoolState(name="scored", endpoints=endpoints, keys_suspended=True)
+    view.decision = Decision(pools={"scored": suspended})
+    assert series() == {"scored": 1.0}
+    view.config = parse_config(CONFIG)  # the pool without session affinity: no series
     assert series() == {}

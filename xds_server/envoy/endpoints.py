@@ -8,8 +8,9 @@ A pool the policy decided on (present in `Decision.pools`) takes its endpoints f
 there; any other pool takes them from the config, as written. Per endpoint:
 
 - `load_balancing_weight`: the weight (weighted round robin and least request read it),
-  or in a session assignment the ring weight, from capacity alone (consistent hashing sizes
-  each host's share of the table by it, and a share that followed load would move keys).
+  or in a session assignment the ring weight, from capacity (consistent hashing sizes each
+  host's share of the table by it, and a share that followed load would move keys), cut
+  only for a pod that keeps spilling its keys (policy/homes.py).
 - `health_status`: HEALTHY, DRAINING (finishes what it has, gets nothing new, and does not
   count against the pool's health) or UNHEALTHY (stale metrics: out of rotation). Config
   endpoints carry none (UNKNOWN), which Envoy treats as healthy. A pod that queues or
@@ -27,7 +28,9 @@ there; any other pool takes them from the config, as written. Per endpoint:
   (`long_prompt_weight_factor`) left such a pod some picks, and in the benchmark's
   scenario b each chat it got waited seconds behind a document's prefill. When every
   healthy pod spills, none does (scoring.py); a LoRA subset whose holders are all
-  degraded is served by them.
+  degraded is served by them. While the pool's keys are suspended (affinity does not pay:
+  policy/affinity.py) every healthy entry of the session assignment points at the spill
+  listener, and the pool's own assignment is untouched.
 - metadata `envoy.lb: {lora: [...]}` in a pool with adapters: the subset load balancer
   (clusters.py) puts the endpoint in the subset of each adapter listed. Only the pool's
   configured adapters are listed (no route could ask for another, and each value is a
@@ -95,9 +98,7 @@ def build_endpoints(config: RoutingConfig, decision: Decision | None = None) -> 
     ]
 
 
-def build_pool_endpoints(
-    pool: PoolConfig, state: PoolState | None, *, spills: bool
-) -> list[_Any]:
+def build_pool_endpoints(pool: PoolConfig, state: PoolState | None, *, spills: bool) -> list[_Any]:
     """`pool`'s assignments (build_endpoints), from `state` when the policy decided on the
     pool, else from its config; `spills`: config.spills(pool). A pool's assignments depend
     on nothing else, so a change to one pool rebuilds only its own."""
@@ -109,7 +110,14 @@ def build_pool_endpoints(
         else:
             spill_listener = names.spill_listener_name(pool.name) if ring and spills else None
             lb_endpoints = [
-                _from_state(pool, e, ring=ring, spill_listener=spill_listener) for e in checked
+                _from_state(
+                    pool,
+                    e,
+                    ring=ring,
+                    spill_listener=spill_listener,
+                    suspended=state.keys_suspended,
+                )
+                for e in checked
             ]
         assignment = endpoint_pb2.ClusterLoadAssignment(
             cluster_name=names.session_eds_service_name(pool.name)
@@ -160,10 +168,17 @@ def _from_config(pool: PoolConfig, endpoint: EndpointConfig) -> _Any:
 
 
 def _from_state(
-    pool: PoolConfig, endpoint: EndpointState, *, ring: bool, spill_listener: str | None
+    pool: PoolConfig,
+    endpoint: EndpointState,
+    *,
+    ring: bool,
+    spill_listener: str | None,
+    suspended: bool = False,
 ) -> _Any:
     """`endpoint` in the pool's assignment, or with `ring` in its session assignment, where
-    a spilling pod is sent to `spill_listener` (or, when None, out of rotation)."""
+    a spilling pod is sent to `spill_listener` (or, when None, out of rotation), and so is
+    every pod while the pool's keys are `suspended` (when there is a listener to send
+    them to)."""
     adapters = endpoint.adapters if endpoint.health is Health.HEALTHY else ()
     weight = endpoint.weight
     if ring and endpoint.ring_weight is not None:
@@ -176,10 +191,12 @@ def _from_state(
         metadata=_metadata(pool, adapters, endpoint.hardware),
     )
     lb_endpoint.health_status = HEALTH_STATUS[endpoint.health]
-    if endpoint.spilling and endpoint.health is Health.HEALTHY:
-        if not ring:
-            lb_endpoint.health_status = health_check_pb2.DEGRADED
-        elif spill_listener is None:
+    if endpoint.health is not Health.HEALTHY:
+        return lb_endpoint
+    if endpoint.spilling and not ring:
+        lb_endpoint.health_status = health_check_pb2.DEGRADED
+    elif ring and (endpoint.spilling or (suspended and spill_listener is not None)):
+        if spill_listener is None:
             lb_endpoint.health_status = HEALTH_STATUS[Health.UNHEALTHY]
         else:
             lb_endpoint.endpoint.address.CopyFrom(

@@ -111,6 +111,7 @@ class LogicalMetric(enum.StrEnum):
     PREFIX_CACHE_QUERIES = "prefix_cache_queries"
     PROMPT_TOKENS = "prompt_tokens"
     GENERATION_TOKENS = "generation_tokens"
+    REQUESTS_FINISHED = "requests_finished"
 
 
 _REQUIRED = (LogicalMetric.WAITING, LogicalMetric.RUNNING)
@@ -169,6 +170,9 @@ class PodMetrics:
     # Tokens the engine prefilled and generated, cumulative (None when not exported): an
     # engine that runs requests and moves neither is stuck, whatever else its page says.
     tokens_processed: float | None = None
+    # Requests the engine finished, cumulative (None when not exported): with the prefix
+    # cache's hits, the prompt tokens its cache saves per request.
+    requests_finished: float | None = None
 
 
 def _n(name: str, **labels: str) -> tuple[MetricName, ...]:
@@ -199,6 +203,7 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         ),
         _L.PROMPT_TOKENS: _n("vllm:prompt_tokens_total"),
         _L.GENERATION_TOKENS: _n("vllm:generation_tokens_total"),
+        _L.REQUESTS_FINISHED: _n("vllm:request_success_total"),
     },
     EngineKind.SGLANG: {
         _L.WAITING: _n("sglang:num_queue_reqs"),
@@ -210,6 +215,7 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         _L.PREFIX_CACHE_QUERIES: _n("sglang:prompt_tokens_total"),
         _L.PROMPT_TOKENS: _n("sglang:prompt_tokens_total"),
         _L.GENERATION_TOKENS: _n("sglang:generation_tokens_total"),
+        _L.REQUESTS_FINISHED: _n("sglang:num_requests_total"),
     },
     EngineKind.TGI: {
         _L.WAITING: _n("tgi_queue_size"),
@@ -228,6 +234,7 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         _L.RUNNING: _n("trtllm_num_requests_running"),
         _L.KV_USAGE: _n("trtllm_kv_cache_utilization"),
         _L.KV_CAPACITY: _n("trtllm_kv_cache_max_blocks"),
+        _L.REQUESTS_FINISHED: _n("trtllm_request_success_total"),
     },
 }
 
@@ -303,6 +310,9 @@ class EngineAdapter:
             prefix_cache_queries_tokens=_counter(
                 LogicalMetric.PREFIX_CACHE_QUERIES,
                 found.get(LogicalMetric.PREFIX_CACHE_QUERIES, none),
+            ),
+            requests_finished=_counter(
+                LogicalMetric.REQUESTS_FINISHED, found.get(LogicalMetric.REQUESTS_FINISHED, none)
             ),
             tokens_processed=_sum_known(
                 _counter(metric, found.get(metric, none))

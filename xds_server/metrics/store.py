@@ -20,7 +20,9 @@ kept per pod (a string id such as "10.0.0.1:8000"):
   copes with irregular scrape intervals. A counter that goes down means the engine
   restarted: its new value is the increase since then, as Prometheus's `rate()` counts it.
   With no new prompt tokens the rate stays at its last value; it is None until a second
-  scrape has shown prompt tokens.
+  scrape has shown prompt tokens. The same window over the engine's finished requests
+  gives the prompt tokens its cache saved per request (`cached_tokens_per_request`:
+  hits over requests), which says whether keeping keys on their pods pays.
 
 Pure state, no I/O and no clock: every method takes `now` (monotonic seconds, the clock the
 scraper uses), so tests drive time by hand. Not thread-safe; it lives on the event loop.
@@ -77,6 +79,9 @@ class PodObservation:
     # How long, by its scrapes, the engine has run requests without processing a token
     # (prefill or generation); 0 when it moved or ran nothing at the last scrape.
     stalled_s: float = 0.0
+    # Prompt tokens the prefix cache saved per finished request, over the hit-rate window
+    # (None until known, or when the engine exports no request counter).
+    cached_tokens_per_request: float | None = None
 
 
 class _Pod:
@@ -92,6 +97,9 @@ class _Pod:
         "queries_window",
         "rate",
         "rate_at",
+        "requests",
+        "requests_window",
+        "saved_per_request",
         "scraped_at",
         "streak",
     )
@@ -106,6 +114,9 @@ class _Pod:
         self.hits_window = 0.0  # decayed sums of the increases
         self.queries_window = 0.0
         self.rate: float | None = None
+        self.requests: float | None = None  # finished requests at the last scrape
+        self.requests_window = 0.0
+        self.saved_per_request: float | None = None
         # The engine's tokens processed at the last scrape, and when they last moved (or
         # it ran nothing, or does not say).
         self.progress: float | None = None
@@ -205,9 +216,10 @@ class MetricsStore:
     def _update_rate(self, pod: _Pod, metrics: PodMetrics, now: float) -> None:
         hits = metrics.prefix_cache_hits_tokens
         queries = metrics.prefix_cache_queries_tokens
+        requests = metrics.requests_finished
         if hits is None or queries is None:
-            pod.hits = pod.queries = pod.rate = None
-            pod.hits_window = pod.queries_window = 0.0
+            pod.hits = pod.queries = pod.rate = pod.requests = pod.saved_per_request = None
+            pod.hits_window = pod.queries_window = pod.requests_window = 0.0
             return
         if pod.hits is not None and pod.queries is not None:
             if hits < pod.hits or queries < pod.queries:  # the engine restarted
@@ -221,7 +233,20 @@ class MetricsStore:
             # would move its last bits, and an idle pod would look changed every scrape).
             if new_queries > 0 and pod.queries_window > 0:
                 pod.rate = min(1.0, max(0.0, pod.hits_window / pod.queries_window))
-        pod.hits, pod.queries, pod.rate_at = hits, queries, now
+            _update_saved(pod, requests, decay)
+        pod.hits, pod.queries, pod.requests, pod.rate_at = hits, queries, requests, now
+
+
+def _update_saved(pod: _Pod, requests: float | None, decay: float) -> None:
+    """The window's cached prompt tokens per finished request (module docstring), after
+    the hits window took this scrape's increase."""
+    if requests is None or pod.requests is None:
+        pod.requests_window, pod.saved_per_request = 0.0, None
+        return
+    new_requests = requests if requests < pod.requests else requests - pod.requests
+    pod.requests_window = pod.requests_window * decay + new_requests
+    if new_requests > 0:
+        pod.saved_per_request = pod.hits_window / pod.requests_window
 
 
 def _stalled_s(pod: _Pod) -> float:
@@ -242,6 +267,7 @@ def _observe(pod: _Pod, now: float) -> PodObservation:
         metrics=pod.metrics,
         age_s=None if pod.scraped_at is None else max(0.0, now - pod.scraped_at),
         prefix_hit_rate=pod.rate,
+        cached_tokens_per_request=pod.saved_per_request,
         errors_in_a_row=0 if streak is None else streak.count,
         failing_for_s=None if streak is None else max(0.0, now - streak.first_at),
         last_error=None if streak is None else streak.last_error,

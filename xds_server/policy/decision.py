@@ -24,6 +24,8 @@ from types import MappingProxyType
 
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.policy.admission import BandLoad, PodCapacity, PodsHeld, PoolAdmission, admit
+from xds_server.policy.affinity import AffinityMemory
+from xds_server.policy.homes import HomeMemory
 from xds_server.policy.scoring import score_pool
 from xds_server.policy.signals import PodSignals, endpoint_id
 from xds_server.policy.state import Health, PoolState
@@ -74,12 +76,15 @@ class FleetLoad:
 
 @dataclass(frozen=True, kw_only=True)
 class PoolMemory:
-    """What the policy remembers of a pool between decisions (scoring.py, adapters.py)."""
+    """What the policy remembers of a pool between decisions (scoring.py, adapters.py,
+    homes.py, affinity.py)."""
 
     scores: Mapping[str, float] = field(default_factory=dict)
     placement: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     adapter_activity: Mapping[str, float] = field(default_factory=dict)
     spilled: frozenset[str] = frozenset()
+    homes: HomeMemory = field(default_factory=HomeMemory)
+    affinity: AffinityMemory = field(default_factory=AffinityMemory)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,6 +227,8 @@ class Decider:
             placement=previous.placement,
             adapter_activity=previous.adapter_activity,
             spilled=previous.spilled,
+            homes=previous.homes,
+            keys=previous.affinity,
             draining={endpoint_id(e) for e in pool.endpoints if e.draining},
             tuning=config.tuning(pool),
         )
@@ -230,6 +237,8 @@ class Decider:
             placement=scored.placement,
             adapter_activity=scored.adapter_activity,
             spilled=scored.spilled,
+            homes=scored.homes,
+            affinity=scored.affinity,
         )
         self._scored[pool.name] = (key, scored.state, remembered)
         return scored.state, remembered, True

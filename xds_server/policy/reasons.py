@@ -36,6 +36,10 @@ ReasonCode = Literal[
     "spill_capped",
     "spill_everywhere",
     "long_prompt",
+    # A ring weight moved off its capacity's to even out key homes (homes.py).
+    "home_share",
+    # The pool's keys are balanced by load: affinity does not pay there (affinity.py).
+    "affinity_suspended",
     # What cut a weight below the best pod's (factors.py).
     "weight_capacity",
     "weight_slow",

@@ -11,7 +11,9 @@ named stages (docs/routing.md):
 3. score (factors.py): capacity and load factors, smoothed (weights.py);
 4. adapters (adapter_demand.py, adapters.py): where each LoRA adapter is advertised;
 5. spilling (spill.py): which pods pass their session keys on, and why;
-6. weights (weights.py): scores cut for long prompts and spills, scaled, quantized.
+6. key homes (homes.py): ring weights nudged off capacity where keys' homes are uneven,
+   and whether sticking to them pays at all (affinity.py);
+7. weights (weights.py): scores cut for long prompts and spills, scaled, quantized.
 
 Each endpoint state carries the reasons the stages gave (reasons.py). Every number comes
 from the pool's `Tuning` (xds_server/tuning.py).
@@ -26,9 +28,11 @@ from types import MappingProxyType
 
 from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
 from xds_server.policy.adapter_demand import activity_of, pool_placement
+from xds_server.policy.affinity import Affinity, AffinityMemory, affinity
 from xds_server.policy.capacity import relative_capacities
 from xds_server.policy.factors import score, weight_cuts
 from xds_server.policy.health import Rotation, rotation
+from xds_server.policy.homes import HomeMemory, Homes, balanced_homes
 from xds_server.policy.reasons import Reason
 from xds_server.policy.signals import PodSignals, endpoint_id
 from xds_server.policy.spill import Spilling, spilling
@@ -39,6 +43,8 @@ from xds_server.tuning import MAX_WEIGHT, Tuning
 __all__ = ["ScoredPool", "score_pool"]
 
 _DEFAULT_TUNING = Tuning()
+_NO_HOMES = HomeMemory()
+_STICKY = AffinityMemory()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +58,10 @@ class ScoredPool:
     adapter_activity: Mapping[str, float] = field(default_factory=dict)
     # The pods spilling their session keys for load, to pass back as `spilled` (spill.py).
     spilled: frozenset[str] = frozenset()
+    # The key homes' ring factors and window, to pass back as `homes` (homes.py).
+    homes: HomeMemory = field(default_factory=HomeMemory)
+    # Whether the keys stick, to pass back as `affinity` (affinity.py).
+    affinity: AffinityMemory = field(default_factory=AffinityMemory)
 
 
 def _scores(
@@ -101,16 +111,23 @@ def _reasons(
     spilled: Spilling,
     capacities: Mapping[str, float],
     slowness: Mapping[str, int],
+    homes: Homes | None,
+    suspended: Reason | None,
     settings: BalancingConfig,
     tuning: Tuning,
 ) -> tuple[Reason, ...]:
-    """Why the pod has its state: its health, its spill, what cut its score."""
+    """Why the pod has its state: its health, its spill, its home share, what cut its
+    score."""
     reasons = []
     health_reason = pods.health[key][1]
     if health_reason is not None:
         reasons.append(health_reason)
     if key in spilled.reasons:
         reasons.append(spilled.reasons[key])
+    if homes is not None and key in homes.reasons:
+        reasons.append(homes.reasons[key])
+    if suspended is not None and key in pods.healthy:
+        reasons.append(suspended)
     if key in pods.fresh:
         if slowness.get(key, 0) > 0:
             reasons.append(Reason("weight_slow", f"slower than its peers ({slowness[key]} steps)"))
@@ -159,11 +176,14 @@ def score_pool(
     spilled: Set[str] = frozenset(),
     verdicts: Mapping[str, str] = MappingProxyType({}),
     slowness: Mapping[str, int] = MappingProxyType({}),
+    homes: HomeMemory = _NO_HOMES,
+    keys: AffinityMemory = _STICKY,
     tuning: Tuning = _DEFAULT_TUNING,
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
-    `memory`, `placement`, `adapter_activity` and `spilled` are the previous call's
+    `memory`, `placement`, `adapter_activity`, `spilled`, `homes` and `keys` (affinity)
+    are the previous call's
     (empty at first); `draining` lists endpoints being shut down; `long_prompts` the long
     prompts in flight per endpoint id; `verdicts` the pods the Envoys' reports show
     stalled or failing (by endpoint id: the reason), which are out of rotation like a pod
@@ -203,6 +223,9 @@ def score_pool(
     )
     weighed = _weights(pool, scores, pods, spill, long_prompts, settings)
     top = max(weighed.values(), default=1.0) or 1.0
+    rings = _ring_weights(pool, pods, capacities, spill.loaded, homes, settings, tuning)
+    sticks = _affinity(pool, pods, keys, settings, tuning)
+    suspended = sticks.reason if sticks is not None else None
     states = []
     for endpoint in pool.endpoints:
         key = endpoint_id(endpoint)
@@ -211,12 +234,7 @@ def score_pool(
             _endpoint_state(
                 endpoint,
                 weight=quantize(MAX_WEIGHT * weighed[key] / top, tuning.weight_ladder),
-                ring_weight=quantize(
-                    MAX_WEIGHT * capacities[key] ** settings.scorers.capacity,
-                    tuning.weight_ladder,
-                )
-                if pool.session_affinity
-                else None,
+                ring_weight=rings[1].get(key),
                 adapters=placed[key]
                 if key in placed
                 else tuple(sorted(observed.adapters))
@@ -225,13 +243,56 @@ def score_pool(
                 pods=pods,
                 spilled=spill,
                 long_prompts=long_prompts,
-                reasons=_reasons(key, pods, spill, capacities, slowness, settings, tuning),
+                reasons=_reasons(
+                    key, pods, spill, capacities, slowness, rings[0], suspended, settings, tuning
+                ),
             )
         )
     return ScoredPool(
-        state=PoolState(name=pool.name, endpoints=tuple(states)),
+        state=PoolState(
+            name=pool.name, endpoints=tuple(states), keys_suspended=suspended is not None
+        ),
         memory=scores,
         placement=placed,
         adapter_activity=activity,
         spilled=spill.loaded,
+        homes=rings[0].memory if rings[0] is not None else _NO_HOMES,
+        affinity=sticks.memory if sticks is not None else _STICKY,
     )
+
+
+def _affinity(
+    pool: PoolConfig,
+    pods: Rotation,
+    memory: AffinityMemory,
+    settings: BalancingConfig,
+    tuning: Tuning,
+) -> Affinity | None:
+    """Whether a session pool's keys stick (affinity.py). Only where their requests can be
+    passed on to the pool's cluster (`spill_to: pool`, the spill listener): with `ring`
+    there is nowhere else to send them."""
+    if not pool.session_affinity or settings.spill_to != "pool":
+        return None
+    return affinity(pods.healthy, pods.fresh, memory, tuning)
+
+
+def _ring_weights(
+    pool: PoolConfig,
+    pods: Rotation,
+    capacities: Mapping[str, float],
+    spilling: Set[str],
+    memory: HomeMemory,
+    settings: BalancingConfig,
+    tuning: Tuning,
+) -> tuple[Homes | None, dict[str, int]]:
+    """A session pool's key homes and ring weights: capacity, times each pod's home factor
+    (scaled so that the largest factor is 1); nothing for a pool without session affinity."""
+    if not pool.session_affinity:
+        return None, {}
+    base = {key: capacities[key] ** settings.scorers.capacity for key in capacities}
+    homes = balanced_homes(pods.healthy, pods.fresh, base, spilling, memory, tuning)
+    top = max((homes.memory.factor(key) for key in base), default=1.0)
+    return homes, {
+        key: quantize(MAX_WEIGHT * share * homes.memory.factor(key) / top, tuning.weight_ladder)
+        for key, share in base.items()
+    }

@@ -42,6 +42,8 @@ class PodSignals:
     # `lora_requests_info`): where a restarted server's placement starts.
     recent_adapters: tuple[str, ...] = ()
     prefix_hit_rate: float | None = None
+    # Prompt tokens its prefix cache saved per finished request, recently (None: unknown).
+    cached_tokens_per_request: float | None = None
     down: bool = False
     scraped: bool = True
     # How long the engine has run requests without processing a token (its own counters).

@@ -99,3 +99,6 @@ class EndpointState:
 class PoolState:
     name: str
     endpoints: tuple[EndpointState, ...] = ()
+    # Session affinity does not pay here (affinity.py): the keys' requests are balanced by
+    # load, like unkeyed ones (envoy/endpoints.py), and each healthy endpoint says why.
+    keys_suspended: bool = False

@@ -7,9 +7,10 @@ prefills or spills and not a moment longer). They are scaled so that the best po
 MAX_WEIGHT and quantized to a geometric ladder (`Tuning.weight_ladder`) so that near-equal
 pods get exactly equal weights (Envoy then balances a uniform fleet by plain round robin)
 and small noise does not turn into EDS pushes or swings between Envoys. A pool with
-session affinity also gets ring weights, the capacity factor alone on the same ladder:
-consistent hashing sizes each pod's share of the keys by its weight, and keys that moved
-with load would lose their cached prefixes (envoy/clusters.py).
+session affinity also gets ring weights, the capacity factor on the same ladder (cut only
+for a pod that keeps spilling its keys: homes.py): consistent hashing sizes each pod's
+share of the keys by its weight, and keys that moved with load would lose their cached
+prefixes (envoy/clusters.py).
 """
 
 from __future__ import annotations

@@ -87,6 +87,7 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
         max_adapters=metrics.max_lora,
         recent_adapters=metrics.lora_recent,
         prefix_hit_rate=observation.prefix_hit_rate,
+        cached_tokens_per_request=observation.cached_tokens_per_request,
         stalled_s=observation.stalled_s,
     )
 

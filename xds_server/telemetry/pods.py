@@ -37,6 +37,16 @@ _FAMILIES = {
     "running": ("xds_pod_requests_running", "Requests running in the pod's engine."),
     "adapters": ("xds_pod_lora_adapters", "LoRA adapters the pod holds or is loading."),
     "weight": ("xds_pod_weight", "The EDS load-balancing weight sent to Envoy."),
+    "ring": (
+        "xds_pod_ring_weight",
+        "The pod's weight in its pool's session-key table (pools with session affinity):"
+        " its capacity's, cut while it spilled its keys too often (reason home_share).",
+    ),
+    "cached": (
+        "xds_pod_cached_tokens_per_request",
+        "Prompt tokens the pod's prefix cache saved per finished request, recently: what"
+        " keeping a key on its pod is worth (affinity_min_cached_tokens).",
+    ),
     "long": (
         "xds_pod_long_prompts",
         "Long prompts holding the pod: prefilling (access log), or in flight (load reports of"
@@ -83,6 +93,8 @@ class PodCollector(Collector):
                 pod_id = endpoint.id
                 labels = [pool.name, pod_id]
                 families["weight"].add_metric(labels, endpoint.weight)
+                if endpoint.ring_weight is not None:
+                    families["ring"].add_metric(labels, endpoint.ring_weight)
                 families["long"].add_metric(labels, endpoint.long_prompts)
                 families["healthy"].add_metric(
                     labels, 1.0 if endpoint.health is Health.HEALTHY else 0.0
@@ -99,6 +111,8 @@ class PodCollector(Collector):
                 if observation is None:
                     continue
                 families["errors"].add_metric(labels, observation.errors_in_a_row)
+                if observation.cached_tokens_per_request is not None:
+                    families["cached"].add_metric(labels, observation.cached_tokens_per_request)
                 if observation.age_s is not None:
                     families["age"].add_metric(labels, observation.age_s)
                 metrics = observation.metrics

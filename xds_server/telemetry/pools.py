@@ -46,7 +46,8 @@ def healthy_endpoints(view: DecisionView) -> dict[str, int]:
 
 
 class PoolCollector(Collector):
-    """xds_pool_healthy_endpoints: one series per pool of the config in force."""
+    """xds_pool_healthy_endpoints: one series per pool of the config in force; and
+    xds_pool_affinity_suspended, one per decided pool with session affinity."""
 
     def __init__(self, decisions: DecisionView) -> None:
         self._decisions = decisions
@@ -61,3 +62,16 @@ class PoolCollector(Collector):
         for name, count in healthy_endpoints(self._decisions).items():
             family.add_metric([name], count)
         yield family
+        suspended = GaugeMetricFamily(
+            "xds_pool_affinity_suspended",
+            "1 while the pool's session keys are balanced by load instead of sticking to"
+            " their pods: its prefix caches save too little per request for stickiness to"
+            " pay (reason affinity_suspended on /debug/decision), else 0.",
+            labels=["pool"],
+        )
+        config = self._decisions.config
+        affine = {p.name for p in config.pools if p.session_affinity} if config else set()
+        for name, state in self._decisions.decision.pools.items():
+            if name in affine:
+                suspended.add_metric([name], float(state.keys_suspended))
+        yield suspended

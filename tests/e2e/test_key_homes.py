@@ -1,0 +1,109 @@
+"""Key homes and whether affinity pays, through a real Envoy (policy/homes.py, affinity.py).
+
+- A pod that spills its keys for a window while it carries far beyond its share gets a
+  smaller weight in the session table: some of its keys move to the other pods for good
+  (they stay there once it has room again), the rest come back to it.
+- A pool whose prefix caches save few tokens per request stops sticking: one key's
+  requests go round the pods, balanced by load; once the caches save many, keys stick
+  again. The pool's gauge and the pods' reasons say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from tests.e2e.conftest import eventually
+from tests.e2e.session_pods import Pod, homes_on_every_pod, session_gateway
+from tests.e2e.session_pods import served as serving_pod
+
+
+async def test_a_pod_that_keeps_spilling_hands_some_of_its_keys_to_the_others_for_good(
+    tmp_path: Path,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving())
+            for _ in range(3)
+        ]
+        # A window of 10 decisions (1 s); the caches pay, so keys stick throughout.
+        advanced = {"home_window_intervals": 10}
+        gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
+
+        async def served(user: str) -> int:
+            return await serving_pod(http, gateway.url, user)
+
+        home = await homes_on_every_pod(http, gateway.url, keys=90, pods=3)
+        hot = pods[0].port
+        hot_keys = [k for k, p in home.items() if p == hot]
+        assert len(hot_keys) >= 10, home
+
+        # The hot pod runs a full batch and queues, window after window: it spills, and
+        # carries 24 of the pool's 32 requests, three times its share.
+        pods[0].running, pods[0].waiting = 16, 8
+
+        def cut() -> bool:
+            pool = gateway.app.controller.decision.pools["gpu"]
+            return any(
+                r.code == "home_share" for e in pool.endpoints if e.port == hot for r in e.reasons
+            )
+
+        await eventually(cut, within_s=30, what="the spilling pod's ring weight cut")
+        pool = gateway.app.controller.decision.pools["gpu"]
+        rings = {e.port: e.ring_weight for e in pool.endpoints}
+        assert rings[hot] is not None
+        assert all(w is not None and rings[hot] < w for p, w in rings.items() if p != hot)
+
+        # It has room again: it takes back the keys still in its slots, the moved ones stay.
+        pods[0].running, pods[0].waiting = 4, 0
+
+        async def settled() -> dict[str, int] | None:
+            """Where the hot pod's keys go once it no longer spills, asked twice alike (a
+            spilled key's request may also land on it, balanced by load)."""
+            pool = gateway.app.controller.decision.pools["gpu"]
+            if any(e.spilling for e in pool.endpoints):
+                return None
+            now = {k: await served(k) for k in hot_keys}
+            again = {k: await served(k) for k in hot_keys}
+            return now if now == again and hot in now.values() else None
+
+        now = await eventually(settled, within_s=30, what="the hot pod's remaining keys back")
+        moved = [k for k in hot_keys if now[k] != hot]
+        assert 0 < len(moved) < len(hot_keys), (len(moved), len(hot_keys))
+        assert {k: await served(k) for k in moved} == {k: now[k] for k in moved}
+
+
+async def test_keys_stop_sticking_where_the_caches_save_little_and_stick_again_where_they_pay(
+    tmp_path: Path,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        # The caches save 100 tokens per request, far under affinity_min_cached_tokens.
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=100).serving()) for _ in range(3)
+        ]
+        advanced = {"affinity_streak_intervals": 10}
+        gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
+        registry = gateway.app.telemetry.registry
+
+        def suspended() -> float | None:
+            return registry.get_sample_value("xds_pool_affinity_suspended", {"pool": "gpu"})
+
+        await eventually(lambda: suspended() == 1, within_s=30, what="affinity suspended")
+        pool = gateway.app.controller.decision.pools["gpu"]
+        assert all(
+            [r.code for r in e.reasons] == ["affinity_suspended"] for e in pool.endpoints
+        ), pool
+
+        async def spread() -> bool:
+            return len({await serving_pod(http, gateway.url, "user-1") for _ in range(30)}) == 3
+
+        await eventually(spread, within_s=20, what="one key's requests round the pods")
+
+        for pod in pods:
+            pod.saved = 2_000
+        await eventually(lambda: suspended() == 0, within_s=30, what="affinity back")
+
+        async def sticks() -> bool:
+            return len({await serving_pod(http, gateway.url, "user-1") for _ in range(30)}) == 1
+
+        await eventually(sticks, within_s=20, what="one key's requests on one pod")

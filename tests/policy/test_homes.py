@@ -1,0 +1,157 @@
+"""Key homes balanced by load (xds_server/policy/homes.py): the ring-weight factors."""
+
+from __future__ import annotations
+
+import pytest
+
+from xds_server.config import BalancingConfig, PoolConfig
+from xds_server.policy.homes import HomeMemory, balanced_homes
+from xds_server.policy.scoring import score_pool
+from xds_server.policy.signals import PodSignals
+from xds_server.tuning import Tuning
+
+TUNING = Tuning()
+WINDOW = int(TUNING.home_window_intervals)
+PODS = ("a", "b", "c", "d")
+EQUAL = dict.fromkeys(PODS, 1.0)
+
+
+def _signals(load: dict[str, float]) -> dict[str, PodSignals]:
+    return {k: PodSignals(silent_s=0.0, waiting=0.0, running=v) for k, v in load.items()}
+
+
+def _run(
+    load: dict[str, float],
+    decisions: int,
+    memory: HomeMemory | None = None,
+    tuning: Tuning = TUNING,
+    shares: dict[str, float] = EQUAL,
+    spilling: frozenset[str] = frozenset({"a"}),
+) -> HomeMemory:
+    """`decisions` decisions with `load` per pod, the pods of `spilling` spilling in each."""
+    memory = memory or HomeMemory()
+    for _ in range(decisions):
+        homes = balanced_homes(tuple(load), _signals(load), shares, spilling, memory, tuning)
+        memory = homes.memory
+    return memory
+
+
+def test_a_pool_whose_load_follows_capacity_keeps_the_hash_homes() -> None:
+    memory = _run({"a": 10, "b": 11, "c": 9, "d": 10}, 3 * WINDOW)
+    assert memory.factors == {}
+
+
+def test_a_spilling_pod_carrying_twice_its_share_gets_a_smaller_ring_weight_per_window() -> None:
+    load = {"a": 20.0, "b": 7.0, "c": 7.0, "d": 6.0}
+    before = _run(load, WINDOW - 1)
+    assert before.factors == {}, "nothing moves before a whole window"
+    after = _run(load, 1, before)
+    # a carries 20 of 40 where its capacity share is a quarter: ratio 2, factor 1/2; the
+    # others keep theirs (Maglev hands a's slots to them).
+    assert after.factors == pytest.approx({"a": 0.5})
+    assert after.ratios["a"] == pytest.approx(2.0)
+    # The next window starts empty: the same load moves nothing until it is over.
+    assert _run(load, WINDOW - 1, after).factors == after.factors
+    assert _run(load, WINDOW, after).factors["a"] == pytest.approx(0.25)
+
+
+def test_a_loaded_pod_that_does_not_spill_keeps_its_keys() -> None:
+    """Scenario c: pods with room serve their keys' prefixes from cache; moving keys for
+    load share alone cost more prefill than the evener load saved."""
+    load = {"a": 20.0, "b": 7.0, "c": 7.0, "d": 6.0}
+    assert _run(load, 3 * WINDOW, spilling=frozenset()).factors == {}
+
+
+def test_a_pod_that_spilled_in_too_little_of_the_window_keeps_its_keys() -> None:
+    load = {"a": 20.0, "b": 7.0, "c": 7.0, "d": 6.0}
+    spilled_for = int(TUNING.home_spill_share * WINDOW) - 1
+    memory = _run(load, spilled_for)
+    memory = _run(load, WINDOW - spilled_for, memory, spilling=frozenset())
+    assert memory.samples == 0 and memory.factors == {}
+
+
+def test_an_idle_pool_moves_no_key() -> None:
+    idle = {"a": 0.9, "b": 0.0, "c": 0.1, "d": 0.0}  # below home_min_load per pod
+    assert _run(idle, 2 * WINDOW).factors == {}
+
+
+def test_an_idle_decision_leaves_the_memory_as_it_was() -> None:
+    """So an idle pool's decision is the same as the last one, and costs nothing."""
+    memory = _run({"a": 20.0, "b": 7.0, "c": 7.0, "d": 6.0}, 5)
+    idle = {"a": 0.0, "b": 1.0, "c": 0.0, "d": 0.0}
+    after = balanced_homes(tuple(idle), _signals(idle), EQUAL, frozenset(), memory, TUNING)
+    assert after.memory is memory and memory.samples == 5
+
+
+def test_a_share_within_the_tolerance_moves_nothing() -> None:
+    edge = 1 + TUNING.home_tolerance
+    load = {"a": 10 * edge, "b": 10.0, "c": 10.0, "d": 10.0}
+    total = sum(load.values())
+    assert load["a"] / total * 4 <= edge  # a's ratio, inside the band
+    assert _run(load, WINDOW).factors == {}
+
+
+def test_factors_stay_within_the_bound() -> None:
+    load = {"a": 100.0, "b": 0.0, "c": 0.0, "d": 0.0}
+    memory = _run(load, 5 * WINDOW)
+    assert memory.factors == pytest.approx({"a": 1 / TUNING.home_max_factor})
+
+
+def test_a_bound_of_one_keeps_the_hash_homes() -> None:
+    fixed = TUNING.with_overrides({"home_max_factor": 1.0})
+    assert _run({"a": 30.0, "b": 1.0, "c": 1.0, "d": 1.0}, 2 * WINDOW, tuning=fixed).factors == {}
+
+
+def test_shares_are_of_capacity() -> None:
+    """A pod twice as large carrying twice the load is where it should be."""
+    shares = {"a": 2.0, "b": 1.0, "c": 1.0}
+    load = {"a": 20.0, "b": 10.0, "c": 10.0}
+    assert _run(load, WINDOW, shares=shares).factors == {}
+
+
+def test_a_pod_that_leaves_restarts_the_window_and_takes_its_factor_along() -> None:
+    load = {"a": 20.0, "b": 7.0, "c": 7.0, "d": 6.0}
+    moved = _run(load, WINDOW)
+    assert "a" in moved.factors
+    three = {"b": 7.0, "c": 7.0, "d": 6.0}
+    after = balanced_homes(tuple(three), _signals(three), EQUAL, frozenset(), moved, TUNING).memory
+    assert "a" not in after.factors and after.samples == 1
+    assert set(after.load) == set(three)
+
+
+def _pool(session_affinity: bool) -> PoolConfig:
+    return PoolConfig.model_validate(
+        {
+            "name": "p",
+            "models": ["m"],
+            "session_affinity": session_affinity,
+            "endpoints": [{"address": "10.0.0.1", "port": 8000 + i} for i in range(4)],
+        }
+    )
+
+
+def test_score_pool_moves_the_loaded_pods_ring_weight_and_says_why() -> None:
+    pool = _pool(True)
+    settings = BalancingConfig()
+    # The first pod queues beyond the others (it spills: spill.py) and holds 26 of 46.
+    load = [(20.0, 6.0), (7.0, 0.0), (7.0, 0.0), (6.0, 0.0)]
+    signals = {
+        f"10.0.0.1:{8000 + i}": PodSignals(silent_s=0.0, waiting=waiting, running=running)
+        for i, (running, waiting) in enumerate(load)
+    }
+    homes, memory, scored = HomeMemory(), {}, None
+    for _ in range(WINDOW):
+        scored = score_pool(pool, settings=settings, signals=signals, memory=memory, homes=homes)
+        homes, memory = scored.homes, scored.memory
+    assert scored is not None
+    rings = {e.port: e.ring_weight for e in scored.state.endpoints}
+    assert rings[8000] is not None and rings[8003] is not None
+    assert rings[8000] < rings[8001] == rings[8002] == rings[8003]
+    loaded = scored.state.endpoints[0]
+    assert loaded.spilling
+    assert [r.code for r in loaded.reasons if r.code == "home_share"] == ["home_share"]
+    # 26 of 46 against a quarter: ratio 2.26, factor 0.44.
+    assert "x0.44" in next(r.detail for r in loaded.reasons if r.code == "home_share")
+    unkeyed = score_pool(_pool(False), settings=settings, signals=signals, memory={}, homes=homes)
+    assert all(e.ring_weight is None for e in unkeyed.state.endpoints)
+    assert unkeyed.homes == HomeMemory()
