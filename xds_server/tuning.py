@@ -237,7 +237,7 @@ class Tuning(BaseModel):
         meaning="A pool's session keys stop sticking to their pods while the pods' prefix"
         " caches save fewer prompt tokens than this per request (a short prefix is cached"
         " on every pod anyway).",
-        evidence="bench/results/affinity-pays (h: ~200 per request, c: ~1,700)",
+        evidence="bench/results/affinity-pays (h: about 130 per request, c: about 2,000)",
     )
     affinity_resume_factor: float = _knob(
         1.5,
@@ -249,14 +249,15 @@ class Tuning(BaseModel):
         evidence="design",
     )
     affinity_streak_intervals: float = _knob(
-        80.0,
+        40.0,
         ge=1.0,
         le=100_000.0,
         unit="decisions",
         meaning="Affinity is suspended or resumed after this many decisions in a row argue"
-        " for it (about 20 s at the default scrape interval: longer than a cold cache's"
-        " first misses).",
-        evidence="bench/results/affinity-pays",
+        " for it (about 10 s at the default scrape interval: longer than a cold cache's"
+        " first misses on c).",
+        evidence="bench/results/affinity-pays (h: P99 0.184/0.172 s at 40 against"
+        " 0.188/0.188 s at 80; c unchanged)",
     )
     # Health (health.py).
     max_stalled_share: float = _knob(
@@ -328,6 +329,29 @@ class Tuning(BaseModel):
         meaning="Of the pods that could give a hot adapter a slot, one whose coldest"
         " adapter's demand is under the others' by this ratio gives it up.",
         evidence="bench/results/e-stability",
+    )
+    # LoRA adapters: placement by load where adapters outnumber slots (adapters.py, rule 4).
+    adapter_load_s: float = _knob(
+        0.1,
+        le=600.0,
+        unit="s",
+        meaning="The time an engine takes to load an adapter into a free slot, its batch"
+        " stalled meanwhile: what moving an adapter to a pod with an idle slot costs. A pod"
+        " whose slots are all in use loads it only once one of its adapters has drained"
+        " (seconds: a request's lifetime), a cost the policy cannot know and does not pay.",
+        evidence="testbed/llm_sim, H100 profile: a step that loads one adapter lasts 0.100 s"
+        " longer (bench/results/adapter-share); the real vLLM's load time is measured in"
+        " issue 36",
+    )
+    adapter_share_tolerance: float = _knob(
+        0.25,
+        gt=0.0,
+        le=10.0,
+        unit="ratio - 1",
+        meaning="In a pool with more adapters than slots, a pod is fed beyond its share"
+        " when its requests exceed its capacity's share of the pool's by more than this"
+        " (0.25: beyond 1.25x); it then gives an adapter to a pod with an idle slot.",
+        evidence="bench/results/adapter-share (e with 16 adapters, Zipf 0.6)",
     )
     # Admission (admission.py).
     admission_kv_full: float = _knob(

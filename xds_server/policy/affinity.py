@@ -4,8 +4,8 @@ Keeping a key on its pod saves the prefill of what that pod's prefix cache holds
 and costs whatever unevenness the keys bring (homes.py and the spill rules bound it, not
 to zero: on scenario h, the heavy users' pods ran 30-40 of 48 while the others ran 10-20).
 Where the cached prefix is short, the saving is small whatever the placement: on h, whose
-users' prefixes are 256 tokens, round robin beat sticky keys (P99 TTFT 175 against 197 ms),
-because every pod caches every such prefix anyway. What the cache saves per request is
+users' prefixes are 256 tokens, round robin beat always-sticky keys, because every pod
+caches every such prefix anyway (bench/results/affinity-pays/NOTES.md). What the cache saves per request is
 measured, not assumed: the pods' prefix-cache hits per finished request over the hit-rate
 window (metrics/store.py), averaged over the pool's pods weighted by what each holds.
 
