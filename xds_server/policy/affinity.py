@@ -5,9 +5,10 @@ and costs whatever unevenness the keys bring (homes.py and the spill rules bound
 to zero: on scenario h, the heavy users' pods ran 30-40 of 48 while the others ran 10-20).
 Where the cached prefix is short, the saving is small whatever the placement: on h, whose
 users' prefixes are 256 tokens, round robin beat always-sticky keys, because every pod
-caches every such prefix anyway (bench/results/affinity-pays/NOTES.md). What the cache saves per request is
-measured, not assumed: the pods' prefix-cache hits per finished request over the hit-rate
-window (metrics/store.py), averaged over the pool's pods weighted by what each holds.
+caches every such prefix anyway (bench/results/affinity-pays/NOTES.md). What the cache
+saves per request is measured, not assumed: the pods' prefix-cache hits per finished
+request over the hit-rate window (metrics/store.py), averaged over the pool's pods
+weighted by what each holds.
 
 The rule, per pool with session affinity:
 - sticky, and the pods' cached tokens per request stay under
