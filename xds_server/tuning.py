@@ -108,6 +108,16 @@ class Tuning(BaseModel):
         evidence="design",
     )
     # Capacity (capacity.py).
+    capacity_vouch_ratio: float = _knob(
+        2.0,
+        ge=1.0,
+        le=1_000.0,
+        unit="factor",
+        meaning="A slow pod's KV claim is cut to the median of the peers' claims within this"
+        " factor of it (its like, which vouch for it), or of all peers when none is: a busy"
+        " H100 beside A10Gs is not taken for an A10G.",
+        evidence="bench/results/capacity-vouch (a, seeds 1-3)",
+    )
     min_capacity_peers: int = _knob(
         2,
         ge=1,

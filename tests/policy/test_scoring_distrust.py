@@ -226,6 +226,24 @@ def test_the_median_a_slow_liar_is_held_to_counts_slow_peers_too() -> None:
     assert every_pod_slow[liar] / sum(every_pod_slow.values()) == pytest.approx(0.25, abs=0.02)
 
 
+def test_a_slow_pod_whose_claim_its_like_vouch_for_keeps_it() -> None:
+    """Two large pods and two twelve times smaller (H100s and A10Gs): a busy large pod
+    that falls behind the other's pace is not taken for a small one, even when both are."""
+    pods = {pod(i): signals() for i in range(4)}
+    for small in (pod(2), pod(3)):
+        pods[small] = signals(kv_capacity_tokens=HONEST // 12)
+    trusted = _weights(pods, {})
+    assert _weights(pods, {pod(0): 2}) == trusted
+    assert _weights(pods, {pod(0): 1, pod(1): 3}) == trusted
+    # The small pods keep a tiny share: 12 times smaller, to the capacity exponent.
+    assert max(trusted[pod(2)], trusted[pod(3)]) < MAX_WEIGHT / 1_000
+    # A liar claiming the large pods' size among small pods finds nobody to vouch for it.
+    liars = {pod(i): signals(kv_capacity_tokens=HONEST // 12) for i in range(4)}
+    liars[pod(0)] = signals(kv_capacity_tokens=HONEST)
+    caught = _weights(liars, {pod(0): 1})
+    assert caught[pod(0)] / sum(caught.values()) == pytest.approx(0.25, abs=0.02)
+
+
 def _health(pods: dict[str, PodSignals], **extra: object) -> dict[str, tuple[Health, str | None]]:
     scored = score_pool(pool_of(4), settings=SETTINGS, signals=pods, memory={}, **extra)  # type: ignore[arg-type]
     return {e.id: (e.health, e.verdict) for e in scored.state.endpoints}

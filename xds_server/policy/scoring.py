@@ -201,7 +201,7 @@ def score_pool(
         draining=draining,
     )
     believed = {k: s for k, s in signals.items() if s.scraped and k not in pods.unbelieved}
-    capacities = relative_capacities(pool.endpoints, believed, settings, slowness)
+    capacities = relative_capacities(pool.endpoints, believed, settings, slowness, tuning)
     scores = _scores(pool, pods.fresh, capacities, memory, settings, tuning)
     activity: dict[str, float] = {}
     placed: dict[str, tuple[str, ...]] = {}
