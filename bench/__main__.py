@@ -1,12 +1,17 @@
 """`python -m bench run`: the routing benchmark, every policy on the same traces.
 
-    python -m bench run [--scenarios a,b,c,d] [--seeds N] [--out DIR] [--quick] [--duration S]
+    python -m bench run [--scenarios a,b,c,d] [--variant NAME] [--seeds N] [--out DIR] [--quick]
+                        [--duration S]
     python -m bench hop-latency [--requests 200] [--peers P,...] [--out DIR]
 
 `run` writes DIR/results.json (the documented shape), DIR/results.md (the tables) and
 DIR/ttft_cdf_<scenario>.png, and prints the tables. `hop-latency` measures what one proxy
 hop adds at idle, Envoy's and each peer's (bench/hop_latency.py), and writes
 DIR/hop_latency.json and DIR/hop_latency.md.
+
+With `--variant NAME` every scenario runs under that variant (bench/scenarios.py
+`VARIANTS`), named `<scenario>@<variant>` in the results and file names; the scenarios
+default to those the variant applies to, and one it does not apply to is refused.
 
 Some scenarios run only some policies (f: no oracle; f2: only the project, the one with
 flow control for its replicas to share): the others are skipped with a message, and a
@@ -26,7 +31,7 @@ from pathlib import Path
 from bench.hop_latency import HOP_PEERS, markdown_line, measure_hop_latency
 from bench.report import markdown_table, plot_ttft_cdfs
 from bench.runner import ALL_POLICIES, POLICIES, RunOptions, policies_of, run_benchmark
-from bench.scenarios import SCENARIOS, build_scenario
+from bench.scenarios import SCENARIOS, VARIANTS, build_scenario, scenario_names
 
 DEFAULT_DURATION_S = 16.0
 QUICK_DURATION_S = 3.0
@@ -40,8 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run scenarios x policies through a real Envoy")
     run.add_argument(
         "--scenarios",
-        default=",".join(SCENARIOS),
-        help="comma-separated, from " + ",".join(SCENARIOS),
+        default=None,
+        help="comma-separated, from " + ",".join(SCENARIOS) + " (default: all, or the variant's)",
+    )
+    run.add_argument(
+        "--variant",
+        choices=sorted(VARIANTS),
+        default=None,
+        help="run the scenarios under this variant (bench/scenarios.py VARIANTS)",
     )
     run.add_argument(
         "--policies",
@@ -94,7 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "hop-latency":
         return _hop_latency(args)
-    scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    default = VARIANTS[args.variant].scenarios if args.variant else SCENARIOS
+    wanted = args.scenarios.split(",") if args.scenarios is not None else default
+    scenarios = [s.strip() for s in wanted if s.strip()]
     unknown = sorted(set(scenarios) - set(SCENARIOS))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if unknown or not scenarios or set(policies) - set(ALL_POLICIES):
@@ -102,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown scenarios or policies; scenarios: {SCENARIOS}, policies: {ALL_POLICIES}",
             file=sys.stderr,
         )
+        return 2
+    try:
+        scenarios = scenario_names(scenarios, args.variant)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
     duration = args.duration or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S)
     for name in scenarios:
@@ -132,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     results, samples, titles = asyncio.run(run_benchmark(options, progress=progress))
     results["duration_s_per_run"] = duration
     results["seeds"] = args.seeds
+    results["variant"] = args.variant
     results["project_balancing"] = args.project_balancing
     (args.out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
     table = markdown_table(results)

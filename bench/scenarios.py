@@ -17,6 +17,13 @@ Scenario f2 is f's fleet and trace through two server replicas that share their 
 load (xds_server/peering), one Envoy on each (`Replicas`), with the trace's requests split
 70/30 between the two Envoys: the fleet-wide budgets must hold whichever Envoy admits. Only
 the project's policy runs (round robin and least request have no flow control to share).
+
+Variants (`VARIANTS`, issue 35) are modest changes to some scenarios, for traffic the
+routing was not tuned on: another GPU mix, more and longer prefixes, more adapters than
+slots, another key skew, another burst shape. A variant names the scenarios it applies to
+and, for each, what it changes (`Changes`); everything else is the scenario's own. Scenario
+`c` under variant `more-prefixes` is named `c@more-prefixes`, and `build_scenario` takes
+that name.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from llm_sim.profiles import A10G, H100, nominal_capacity
 
 __all__ = [
     "ADAPTERS",
+    "Changes",
     "Faults",
     "GrayFaults",
     "HOT_KEYS_HEAVY",
@@ -53,8 +61,11 @@ __all__ = [
     "Replicas",
     "SCENARIOS",
     "Scenario",
+    "VARIANTS",
+    "Variant",
     "build_scenario",
     "fleet_capacity",
+    "scenario_names",
 ]
 
 MODEL = "llama-3.1-8b"
@@ -116,6 +127,148 @@ class Replicas:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Changes:
+    """What a variant changes in one scenario; a field left at its default keeps the
+    scenario's own. `title` says what changed (the variant's scenario title ends with it).
+
+    `fleet` is pod kinds and counts (`("h100", 3), ("a10g", 1)`); `prefix_groups` and
+    `prefix_words` shape c's shared prefixes; `adapters` is how many (named `adapter-<i>`,
+    listed on every pod and in the pool) and `zipf_s` their popularity skew; `heavy` is h's
+    heavy users' shares; `bursts` is (start, length, multiplier), start and length as
+    fractions of the run, each at least 0.5 s long, as b's own bursts are.
+    """
+
+    title: str
+    fleet: tuple[tuple[str, int], ...] = ()
+    prefix_groups: int | None = None
+    prefix_words: int | None = None
+    adapters: int | None = None
+    zipf_s: float | None = None
+    heavy: tuple[float, ...] = ()
+    bursts: tuple[tuple[float, float, float], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Variant:
+    """A named set of changes to some scenarios (`changes`, by scenario name), and why
+    its figures are what they are (`doc`, with the arithmetic)."""
+
+    name: str
+    doc: str
+    changes: Mapping[str, Changes]
+
+    @property
+    def scenarios(self) -> tuple[str, ...]:
+        return tuple(self.changes)
+
+
+_GPU_MIX = Variant(
+    name="gpu-mix",
+    doc="""Another GPU mix: a with 1 H100-like + 3 A10G-like pods (instead of 2 + 2), d with
+    3 H100-like + 1 A10G-like (instead of 4 H100-like). Rates stay at the scenario's share
+    of the new fleet's nominal capacity (`fleet_capacity`): for 500-word chats an H100-like
+    pod serves 4.62 requests/s and an A10G-like 0.36, so a's fleet goes from 9.95 to 5.68
+    requests/s (Poisson at 65%: 3.69 requests/s) and one pod holds 81% of the capacity
+    (two held 93%); d's goes from 18.5 to 14.2 requests/s (60%: 8.5), the A10G-like pod
+    2.5% of it, and a request sent to it by turn, as round robin does, takes 13x as long.
+    b is left out: its documents (10k-24k tokens) do not fit an A10G-like pod's KV cache
+    (6,656 tokens), so that mix would measure which pod can serve a request at all, not
+    balancing.""",
+    changes={
+        "a": Changes(title="1 H100-like + 3 A10G-like pods", fleet=(("h100", 1), ("a10g", 3))),
+        "d": Changes(title="3 H100-like + 1 A10G-like pods", fleet=(("h100", 3), ("a10g", 1))),
+    },
+)
+
+_MORE_PREFIXES = Variant(
+    name="more-prefixes",
+    doc="""c with 64 groups of 3,072-token prefixes (c: 32 of 2,048); the question is c's
+    (256 words). The prefixes take 64 x 3,072 = 196,608 tokens, 2.5x one H100-like pod's
+    KV cache (5,000 blocks of 16 = 80,000 tokens), as c96's 96 x 2,048 do: no pod keeps
+    them all, a quarter of them (16 groups, 49,152 tokens, 61% of a pod) fits in each. The
+    rate is c's 80% of the capacity without prefix hits, now for 3,328-word prompts: 4.65
+    requests/s of 5.81 (c: 6.67 of 8.33), so a policy that scatters a group pays a
+    3,072-token prefill (0.51 s at an H100-like pod's 6,000 tokens/s) each time it lands
+    somewhere new.""",
+    changes={
+        "c": Changes(title="64 groups of 3,072-token prefixes", prefix_groups=64, prefix_words=3072)
+    },
+)
+
+_FLAT_ADAPTERS = Variant(
+    name="flat-adapters",
+    doc="""e with 16 adapters (e: 8), every pod and the pool listing all 16, and Zipf
+    s = 0.6 (e: 1.2). The pods keep 2 slots each, 8 in the fleet, for 16 adapters: at
+    least half the adapters are out of every slot at any moment. Adapter k has weight
+    k^-0.6: the hottest carries 17.5% of the adapter requests (e: 42.9%), the top two 29.0%
+    (e: 61.5%), the top four 45.7% (e: 81.1%), the coldest 3.3%; 90% of requests name an
+    adapter, as in e. No placement keeps every adapter with traffic in a slot, and a pod
+    that keeps the hot ones takes more than its share unless others load them too.""",
+    changes={"e": Changes(title="16 adapters for 8 slots, Zipf s = 0.6", adapters=16, zipf_s=0.6)},
+)
+
+_KEY_SKEW = Variant(
+    name="key-skew",
+    doc="""h with six lighter heavy users instead of three: their shares of the heavy
+    requests are 30/20/15/15/10/10% (h: 64/22/14%). The heavy requests bring 1.85 pods of
+    work as in h (`_hot_keys`), now 0.56/0.37/0.28/0.28/0.19/0.19 pods: none is over one
+    pod alone, so what counts is where they live. Six keys on four pods put two or more
+    on some pod: the heaviest two together with a pod's share of the light users (0.55 /
+    4 = 0.14) make 1.07 pods, while spread by load every pod carries 0.6.""",
+    changes={
+        "h": Changes(
+            title="6 heavy users at 30/20/15/15/10/10% of the heavy requests",
+            heavy=(0.30, 0.20, 0.15, 0.15, 0.10, 0.10),
+        )
+    },
+)
+
+_BURST_SHAPE = Variant(
+    name="burst-shape",
+    doc="""b with two 1.9x bursts, each 15% of the run, at 25% and 60% (b: three 1.8x
+    bursts of 10% at 20%, 50% and 75%): fewer, longer bursts at a higher multiplier. A
+    burst takes the fleet from 50% to 95% of its capacity for 7.2 s of a 48 s run (b: 90%
+    for 4.8 s); the extra work is about the same (2 x 0.15 x 0.9 = 0.27 of a run at base
+    load, b's 3 x 0.1 x 0.8 = 0.24), so the mean load is 64% (b: 62%). d gets bursts too:
+    two 1.5x bursts of 10% of the run at 30% and 70%, from 60% of the capacity to 90%
+    (mean 66%); d's Poisson arrivals are unchanged otherwise.""",
+    changes={
+        "b": Changes(
+            title="two 1.9x bursts of 15% of the run",
+            bursts=((0.25, 0.15, 1.9), (0.6, 0.15, 1.9)),
+        ),
+        "d": Changes(
+            title="two 1.5x bursts of 10% of the run",
+            bursts=((0.3, 0.1, 1.5), (0.7, 0.1, 1.5)),
+        ),
+    },
+)
+
+VARIANTS: Mapping[str, Variant] = {
+    v.name: v for v in (_GPU_MIX, _MORE_PREFIXES, _FLAT_ADAPTERS, _KEY_SKEW, _BURST_SHAPE)
+}
+_UNCHANGED = Changes(title="")
+
+
+def scenario_names(scenarios: Sequence[str], variant: str | None) -> list[str]:
+    """The run names of `scenarios` under `variant` (`c@more-prefixes`), or the scenarios
+    themselves without one; a ValueError (with a full-sentence message) for an unknown
+    variant or a scenario it does not apply to."""
+    if variant is None:
+        return list(scenarios)
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}.")
+    applies = VARIANTS[variant].scenarios
+    others = [s for s in scenarios if s not in applies]
+    if others:
+        raise ValueError(
+            f"variant {variant} applies to scenarios {', '.join(applies)} only, not to"
+            f" {', '.join(others)}."
+        )
+    return [f"{s}@{variant}" for s in scenarios]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Scenario:
     name: str
     title: str
@@ -155,6 +308,22 @@ def _pods(**counts: int) -> tuple[PodSpec, ...]:
     )
 
 
+def _fleet(changes: Changes, **counts: int) -> tuple[PodSpec, ...]:
+    """The scenario's pods (`counts`, as for `_pods`), or the variant's fleet."""
+    return _pods(**(dict(changes.fleet) or counts))
+
+
+def _bursts(
+    changes: Changes, duration_s: float, *default: tuple[float, float, float]
+) -> tuple[Burst, ...]:
+    """The scenario's bursts (`default`: start, length, multiplier; start and length as
+    fractions of the run), or the variant's."""
+    return tuple(
+        Burst(start_s=duration_s * at, duration_s=max(0.5, duration_s * length), multiplier=m)
+        for at, length, m in (changes.bursts or default)
+    )
+
+
 def _mean(distribution: object) -> int:
     mean = getattr(distribution, "mean", None) or getattr(distribution, "value", None)
     assert mean is not None, distribution
@@ -189,7 +358,11 @@ HOT_KEYS_PREFIX_WORDS = 256
 
 
 def _hot_keys(
-    duration_s: float, *, ln: Callable[..., LogNormal], request_scale: float
+    duration_s: float,
+    *,
+    ln: Callable[..., LogNormal],
+    request_scale: float,
+    heavy_shares: tuple[float, ...] = HOT_KEYS_HEAVY,
 ) -> tuple[tuple[PodSpec, ...], TraceSpec, float]:
     """Scenario h's fleet, trace and capacity (requests/s).
 
@@ -249,7 +422,7 @@ def _hot_keys(
         rate_per_s=0.6 * capacity,
         request_classes=(heavy, chat),
         users=Users(
-            heavy=HOT_KEYS_HEAVY,
+            heavy=heavy_shares,
             heavy_classes=(heavy.name,),
             light=HOT_KEYS_LIGHT,
             light_fraction=HOT_KEYS_LIGHT_FRACTION,
@@ -261,12 +434,28 @@ def _hot_keys(
 
 
 def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) -> Scenario:
-    """Scenario `name` (a to h, g2, c96, f2) lasting `duration_s` seconds of arrivals (a, b, c,
-    e, f, f2: three times; h: four).
+    """Scenario `name` (a to h, g2, c96, f2, or `<scenario>@<variant>`: `VARIANTS`) lasting
+    `duration_s` seconds of arrivals (a, b, c, e, f, f2: three times; h: four).
 
     `request_scale` multiplies every prompt and output length (a smoke run uses short
-    requests so that it drains in seconds); rates follow the resulting capacity.
+    requests so that it drains in seconds); rates follow the resulting capacity. A
+    ValueError names an unknown scenario or variant, or a variant that does not apply.
     """
+    base, _, variant = name.partition("@")
+    if not variant:
+        return _build(name, duration_s=duration_s, request_scale=request_scale)
+    [run_name] = scenario_names([base], variant)
+    changes = VARIANTS[variant].changes[base]
+    scenario = _build(base, duration_s=duration_s, request_scale=request_scale, changes=changes)
+    return dataclasses.replace(
+        scenario, name=run_name, title=f"{scenario.title}; variant {variant}: {changes.title}"
+    )
+
+
+def _build(
+    name: str, *, duration_s: float, request_scale: float, changes: Changes = _UNCHANGED
+) -> Scenario:
+    """`build_scenario` for a scenario's own name, with a variant's `changes`."""
 
     def ln(mean: float, sigma: float, low: int = 1, high: int = 1_000_000) -> LogNormal:
         k = request_scale
@@ -275,7 +464,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         )
 
     if name == "f2":
-        f = build_scenario("f", duration_s=duration_s, request_scale=request_scale)
+        f = _build("f", duration_s=duration_s, request_scale=request_scale)
         return dataclasses.replace(
             f,
             name=name,
@@ -299,7 +488,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         # Three times as long (48 s by default): in 16 s, about 110 requests, the P99 was the
         # second slowest request, and the same seed gave 0.33 to 0.43 s in three runs.
         duration_s *= 3
-        pods = _pods(h100=2, a10g=2)
+        pods = _fleet(changes, h100=2, a10g=2)
         classes: tuple[RequestClass, ...] = (chat,)
         capacity = fleet_capacity(pods, classes)
         trace = TraceSpec(
@@ -319,7 +508,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         # only 19-28% on P99: every pod overloaded at once, or a tail made of the documents'
         # own prefill. Every policy replays the same trace.
         duration_s *= 3
-        pods = _pods(h100=4)
+        pods = _fleet(changes, h100=4)
         classes = (
             RequestClass(
                 name="chat",
@@ -335,10 +524,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             ),
         )
         capacity = fleet_capacity(pods, classes)
-        bursts = tuple(
-            Burst(start_s=duration_s * at, duration_s=max(0.5, duration_s * 0.1), multiplier=1.8)
-            for at in (0.2, 0.5, 0.75)
-        )
+        bursts = _bursts(changes, duration_s, (0.2, 0.1, 1.8), (0.5, 0.1, 1.8), (0.75, 0.1, 1.8))
         trace = TraceSpec(
             duration_s=duration_s,
             rate_per_s=0.5 * capacity,
@@ -359,7 +545,8 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         # c96 is c with 96 groups instead of 32: their prefixes are 2.5x one pod's KV cache,
         # so no pod can keep them all (in c every pod ends up holding all 32), while a
         # quarter of them fits in each. That is where the hit rate can differ by policy.
-        groups = 32 if name == "c" else 96
+        groups = changes.prefix_groups or (32 if name == "c" else 96)
+        prefix_words = changes.prefix_words or 2048
         warmup_s = duration_s
         duration_s *= 3
         pods = _pods(h100=4)
@@ -374,7 +561,7 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         full = (
             RequestClass(
                 name="full",
-                prompt_words=ln(2048 + 256, 0.1),
+                prompt_words=ln(prefix_words + 256, 0.1),
                 output_tokens=classes[0].output_tokens,
             ),
         )
@@ -383,19 +570,24 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             duration_s=duration_s,
             rate_per_s=0.8 * capacity,
             request_classes=classes,
-            prefix_groups=PrefixGroups(groups=groups, prefix_words=2048, fraction=1.0),
+            prefix_groups=PrefixGroups(groups=groups, prefix_words=prefix_words, fraction=1.0),
             model=MODEL,
         )
         title = (
-            f"shared prefixes ({groups} groups of a 2,048-token system prompt, 256-token questions)"
+            f"shared prefixes ({groups} groups of a {prefix_words:,}-token system prompt,"
+            " 256-token questions)"
         )
         session_affinity = True
     elif name == "d":
-        pods = _pods(h100=4)
+        pods = _fleet(changes, h100=4)
         classes = (chat,)
         capacity = fleet_capacity(pods, classes)
         trace = TraceSpec(
-            duration_s=duration_s, rate_per_s=0.6 * capacity, request_classes=classes, model=MODEL
+            duration_s=duration_s,
+            rate_per_s=0.6 * capacity,
+            bursts=_bursts(changes, duration_s),
+            request_classes=classes,
+            model=MODEL,
         )
         title = "uniform fleet, steady Poisson traffic at 60% of capacity"
     elif name == "e":
@@ -403,9 +595,14 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
         # has been loaded somewhere (adapter loads then count thrash, not first loads).
         warmup_s = duration_s
         duration_s *= 3
+        adapters = (
+            ADAPTERS
+            if changes.adapters is None
+            else tuple(f"adapter-{i}" for i in range(changes.adapters))
+        )
         pods = tuple(
             PodSpec(
-                name=f"h100-{i}", profile=dataclasses.replace(H100, max_loras=2), adapters=ADAPTERS
+                name=f"h100-{i}", profile=dataclasses.replace(H100, max_loras=2), adapters=adapters
             )
             for i in range(4)
         )
@@ -415,11 +612,14 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
             duration_s=duration_s,
             rate_per_s=0.6 * capacity,
             request_classes=classes,
-            lora=Lora(adapters=ADAPTERS, zipf_s=1.2, fraction=0.9),
+            lora=Lora(
+                adapters=adapters,
+                zipf_s=1.2 if changes.zipf_s is None else changes.zipf_s,
+                fraction=0.9,
+            ),
             model=MODEL,
         )
         title = "LoRA (4 pods, 8 adapters, 2 slots per pod, Zipf-skewed popularity)"
-        adapters = ADAPTERS
     elif name == "f":
         # Overload: half the fleet's capacity, then a ramp to twice it, with 20% Critical,
         # 50% Standard and 30% Sheddable requests. Three times the run's duration: the
@@ -462,7 +662,12 @@ def build_scenario(name: str, *, duration_s: float, request_scale: float = 1.0) 
     elif name == "h":
         # Four times as long: 48 light users need a few requests each for their stickiness.
         duration_s *= 4
-        pods, trace, capacity = _hot_keys(duration_s, ln=ln, request_scale=request_scale)
+        pods, trace, capacity = _hot_keys(
+            duration_s,
+            ln=ln,
+            request_scale=request_scale,
+            heavy_shares=changes.heavy or HOT_KEYS_HEAVY,
+        )
         title = (
             "hot keys (4 identical pods at 60% of capacity; 40% of requests from 3 heavy users,"
             " the heaviest over one pod alone; the rest from 48 light users or nobody)"
