@@ -1,7 +1,7 @@
 """`python -m bench run`: the routing benchmark, every policy on the same traces.
 
-    python -m bench run [--scenarios a,b,c,d] [--variant NAME] [--seeds N] [--out DIR] [--quick]
-                        [--duration S]
+    python -m bench run [--scenarios a,b,c,d] [--variant NAME] [--seeds N | --seed-list 4,5,6]
+                        [--out DIR] [--quick] [--duration S]
     python -m bench hop-latency [--requests 200] [--peers P,...] [--out DIR]
 
 `run` writes DIR/results.json (the documented shape), DIR/results.md (the tables) and
@@ -12,6 +12,11 @@ DIR/hop_latency.json and DIR/hop_latency.md.
 With `--variant NAME` every scenario runs under that variant (bench/scenarios.py
 `VARIANTS`), named `<scenario>@<variant>` in the results and file names; the scenarios
 default to those the variant applies to, and one it does not apply to is refused.
+
+`--seeds N` runs seeds 1..N, `--seed-list` any seeds (results.json `seed_list`); results.md
+gives, beside the medians over seeds, every latency percentile over all seeds' requests
+pooled with each seed's own P95 and P99 as min-median-max (bench/pooling.py), and each
+pod's share of the requests against its share of the fleet's capacity.
 
 Some scenarios run only some policies (f: no oracle; f2: only the project, the one with
 flow control for its replicas to share): the others are skipped with a message, and a
@@ -39,6 +44,17 @@ QUICK_DURATION_S = 3.0
 QUICK_REQUEST_SCALE = 0.2
 
 
+def _seed_list(text: str) -> list[int]:
+    """`4,5,6` as seeds: distinct non-negative integers, at least one."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"seeds are integers: {text!r}") from exc
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"distinct non-negative seeds, at least one: {text!r}")
+    return seeds
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -59,7 +75,14 @@ def _parser() -> argparse.ArgumentParser:
         default=",".join(POLICIES),
         help="comma-separated, from " + ",".join(ALL_POLICIES) + " (default: the first four)",
     )
-    run.add_argument("--seeds", type=int, default=1, help="seeds (traces) per scenario")
+    seeds = run.add_mutually_exclusive_group()
+    seeds.add_argument("--seeds", type=int, default=1, help="run seeds (traces) 1..N")
+    seeds.add_argument(
+        "--seed-list",
+        type=_seed_list,
+        metavar="S,S,...",
+        help="run these seeds (traces), e.g. 4,5,6,7,8",
+    )
     run.add_argument("--out", type=Path, default=Path("bench/results"))
     run.add_argument(
         "--quick", action="store_true", help=f"{QUICK_DURATION_S:g} s of arrivals: a smoke run"
@@ -121,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
+    seed_list = args.seed_list or list(range(1, args.seeds + 1))
     duration = args.duration or (QUICK_DURATION_S if args.quick else DEFAULT_DURATION_S)
     for name in scenarios:
         scenario = build_scenario(name, duration_s=duration)
@@ -134,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     options = RunOptions(
         scenarios=scenarios,
-        seeds=args.seeds,
+        seeds=seed_list,
         duration_s=duration,
         out_dir=args.out,
         request_scale=QUICK_REQUEST_SCALE if args.quick else 1.0,
@@ -149,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results, samples, titles = asyncio.run(run_benchmark(options, progress=progress))
     results["duration_s_per_run"] = duration
-    results["seeds"] = args.seeds
+    results["seeds"] = len(seed_list)
+    results["seed_list"] = seed_list
     results["variant"] = args.variant
     results["project_balancing"] = args.project_balancing
     (args.out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))

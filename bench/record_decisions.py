@@ -59,7 +59,7 @@ def record(scenarios: list[str], *, duration_s: float, per_scenario: int) -> Rec
             with tempfile.TemporaryDirectory() as out:
                 options = RunOptions(
                     scenarios=[name],
-                    seeds=1,
+                    seeds=(1,),
                     duration_s=duration_s,
                     out_dir=Path(out),
                     reaction_trials=2,

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.pooling import served_shares
+
 __all__ = [
     "PEER_PREFIX",
     "POLICY_ORDER",
@@ -211,6 +213,9 @@ def markdown_table(results: Mapping[str, Any]) -> str:
                 f"| {s.get('output_tokens_per_s', 0):,.0f} | {s.get('requests', 0)} "
                 f"| {_statuses(s.get('status_counts', {}))} |"
             )
+        lines += ["", *_pooled_table(policies, seeds=results.get("seed_list"))]
+        if shares := _served_table(scenario):
+            lines += ["", *shares]
         if "capacity_tokens_per_s" in scenario:
             lines += ["", *_overload_table(scenario)]
         if any("max_admitted_over_limit" in s for s in policies.values()):
@@ -254,6 +259,88 @@ def markdown_table(results: Mapping[str, Any]) -> str:
             "**Warning:** the machine was saturated during at least one run; see results.json."
         )
     return "\n".join(lines) + "\n"
+
+
+def _pooled_cell(figures: Mapping[str, Any] | None, key: str) -> str:
+    """A pooled percentile in ms, with each seed's own as min–median–max when it has a
+    spread: `181 (seeds 153–170–221)`."""
+    if not figures:
+        return "–"
+    cell = _ms(figures.get(f"{key}_s"))
+    spread = figures.get(f"{key}_seeds_s")
+    if figures.get("seeds", 1) < 2 or not spread:
+        return cell
+    low, median, high = (_ms(spread[k]) for k in ("min", "median", "max"))
+    return f"{cell} (seeds {low}–{median}–{high})"
+
+
+def _pooled_table(
+    policies: Mapping[str, Mapping[str, Any]], *, seeds: Sequence[int] | None
+) -> list[str]:
+    """Latencies over every seed's requests pooled, with each seed's P95 and P99 as
+    min–median–max (bench/pooling.py); nothing for results without them."""
+    rows = [p for p in ordered_policies(policies) if "pooled" in policies[p]]
+    if not rows:
+        return []
+    which = f"seeds {', '.join(map(str, seeds))}" if seeds else "the seeds"
+    lines = [
+        f"Pooled over {which}: each percentile of all their requests together; in brackets"
+        " each seed's own, min–median–max.",
+        "",
+        "| policy | TTFT p50 ms | TTFT p95 ms | TTFT p99 ms | TPOT p50 ms | E2E p99 ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for policy in rows:
+        pooled = policies[policy]["pooled"]
+        ttft, tpot, e2e = (pooled.get(kind) for kind in ("ttft", "tpot", "e2e"))
+        lines.append(
+            f"| {policy} | {_pooled_cell(ttft, 'p50')} | {_pooled_cell(ttft, 'p95')} "
+            f"| {_pooled_cell(ttft, 'p99')} | {_pooled_cell(tpot, 'p50')} "
+            f"| {_pooled_cell(e2e, 'p99')} |"
+        )
+    return lines
+
+
+def _pod_capacities(scenario: Mapping[str, Any]) -> dict[str, float] | None:
+    """Each pod's nominal capacity from results.json's `pods`; equal for results without
+    it whose pods share one profile; None otherwise."""
+    pods = scenario.get("pods") or []
+    if pods and all("capacity_requests_per_s" in p for p in pods):
+        return {p["name"]: float(p["capacity_requests_per_s"]) for p in pods}
+    if pods and len({p.get("profile") for p in pods}) == 1:
+        return {p["name"]: 1.0 for p in pods}
+    return None
+
+
+def _served_table(scenario: Mapping[str, Any]) -> list[str]:
+    """Each pod's share of the requests served (summed over seeds) against its share of
+    the fleet's capacity, and the largest |share / capacity share − 1| per policy."""
+    capacity = _pod_capacities(scenario)
+    policies = scenario["policies"]
+    rows = [p for p in ordered_policies(policies) if policies[p].get("served_by")]
+    if capacity is None or not rows:
+        return []
+    shares = {p: served_shares(policies[p]["served_by"], capacity) for p in rows}
+    fleet = sum(capacity.values())
+    header = " | ".join(f"{pod} ({100 * c / fleet:.0f}%)" for pod, c in capacity.items())
+    lines = [
+        "Requests served per pod, summed over seeds: each pod's share, against its share of"
+        " the fleet's nominal capacity (in the header); largest deviation"
+        " = max |share / capacity share − 1|.",
+        "",
+        f"| policy | {header} | largest deviation |",
+        f"|---|{'---:|' * len(capacity)}---:|",
+    ]
+    for policy, figures in shares.items():
+        cells = " | ".join(
+            "–" if p["share"] is None else f"{100 * p['share']:.1f}%"
+            for p in figures["pods"].values()
+        )
+        deviation = figures["max_deviation"]
+        lines.append(
+            f"| {policy} | {cells} | {'–' if deviation is None else f'{100 * deviation:.0f}%'} |"
+        )
+    return lines
 
 
 def _group_homes_line(policies: Mapping[str, Mapping[str, Any]]) -> str:

@@ -59,6 +59,7 @@ from bench.gray import gray_figures, inject_gray_faults
 from bench.lora_trace import AdapterSampler
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
 from bench.peers import PEER_POLICIES, PEER_SESSION_HEADER, peer_versions, run_vllm_router
+from bench.pooling import pooled_latencies
 from bench.reaction import measure_reaction
 from bench.replicated import (
     REPLICAS_NOTES,
@@ -67,7 +68,7 @@ from bench.replicated import (
     run_replicated_gateway,
     wait_until_agreed,
 )
-from bench.scenarios import MODEL, Faults, Scenario, build_scenario
+from bench.scenarios import MODEL, Faults, Scenario, build_scenario, pod_capacities
 from bench.split_replay import part_of_each_request, run_split_replay_in_subprocess
 from llm_sim.fleet import Fleet
 from llm_sim.loadgen import ReplayResult, generate_trace, run_replay_in_subprocess, summarize
@@ -118,7 +119,8 @@ def _simulator_lag(fleet: Fleet) -> dict[str, float]:
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
     scenarios: Sequence[str]
-    seeds: int
+    # The seeds (traces) each scenario runs, in this order.
+    seeds: Sequence[int]
     duration_s: float
     out_dir: Path
     request_scale: float = 1.0
@@ -132,7 +134,8 @@ class RunOptions:
 @dataclass(frozen=True)
 class PolicyRun:
     summary: dict[str, Any]
-    ttfts: list[float]
+    # Per-request samples of the measured requests, by bench/pooling.py LATENCIES.
+    latencies: dict[str, list[float]]
     saturated: bool
     notes: dict[str, Any]
 
@@ -600,6 +603,13 @@ def _policy_run(
         summary.update(overload_figures(result.results, windows=scenario.windows))
     summary.update(extra_figures)
     ttfts = [t for r in measured if (t := ttft_sample(r)) is not None]
+    # As `summarize` takes them: TPOT and end-to-end of the successful requests.
+    ok = [r for r in measured if r.ok]
+    latencies = {
+        "ttft": ttfts,
+        "tpot": [t for r in ok if (t := r.tpot_s) is not None],
+        "e2e": [t for r in ok if (t := r.e2e_s) is not None],
+    }
     saturated = (
         result.saturated
         or sim_lag["mean_step_lag_s"] > SIM_STEP_LAG_SATURATED_S
@@ -612,7 +622,7 @@ def _policy_run(
         "collector": pauses.to_json(),
         "saturated": saturated,
     }
-    return PolicyRun(summary=summary, ttfts=ttfts, saturated=saturated, notes=notes)
+    return PolicyRun(summary=summary, latencies=latencies, saturated=saturated, notes=notes)
 
 
 async def _fault_figures(faults: asyncio.Task[dict[str, Any]]) -> dict[str, Any]:
@@ -978,7 +988,7 @@ async def run_benchmark(
                         f" (it runs only {', '.join(scenario.policies or POLICIES)})"
                     )
                 runs: dict[str, list[PolicyRun]] = {p: [] for p in policies}
-                for seed in range(1, options.seeds + 1):
+                for seed in options.seeds:
                     trace = generate_trace(scenario.trace, seed=seed)
                     trace_path = traces_dir / f"{name}-seed{seed}.jsonl"
                     trace.save(trace_path)
@@ -1001,8 +1011,19 @@ async def run_benchmark(
                     "title": scenario.title,
                     "capacity_requests_per_s": scenario.capacity_requests_per_s,
                     "offered_requests_per_s": scenario.trace.rate_per_s,
-                    "pods": [{"name": p.name, "profile": p.profile.name} for p in scenario.pods],
-                    "policies": {p: _merge_seeds(r) for p, r in runs.items()},
+                    "pods": [
+                        {"name": p.name, "profile": p.profile.name, "capacity_requests_per_s": c}
+                        for p, c in zip(
+                            scenario.pods, pod_capacities(scenario).values(), strict=True
+                        )
+                    ],
+                    "policies": {
+                        p: {
+                            **_merge_seeds(r),
+                            "pooled": pooled_latencies([run.latencies for run in r]),
+                        }
+                        for p, r in runs.items()
+                    },
                 }
                 if scenario.replicas is not None:
                     results["scenarios"][name]["notes"] = dict(REPLICAS_NOTES)
@@ -1019,7 +1040,9 @@ async def run_benchmark(
                             window_s=10.0 * min(1.0, options.request_scale),
                         )
                     )
-                samples[name] = {p: [t for run in r for t in run.ttfts] for p, r in runs.items()}
+                samples[name] = {
+                    p: [t for run in r for t in run.latencies["ttft"]] for p, r in runs.items()
+                }
     if set(options.policies) & set(PEER_POLICIES):
         results["peer_versions"] = peer_versions()
     if "project" in options.policies:

@@ -65,6 +65,7 @@ __all__ = [
     "Variant",
     "build_scenario",
     "fleet_capacity",
+    "pod_capacities",
     "scenario_names",
 ]
 
@@ -347,6 +348,14 @@ def fleet_capacity(pods: Sequence[PodSpec], classes: Sequence[RequestClass]) -> 
         )
         capacity += 1 / seconds_per_request
     return capacity
+
+
+def pod_capacities(scenario: Scenario) -> dict[str, float]:
+    """Each pod's nominal requests/s for the scenario's request classes as the trace draws
+    them (without shared prefixes or users' prefixes): what a pod's share of the requests
+    is held against (bench/pooling.py `served_shares`)."""
+    classes = scenario.trace.request_classes
+    return {pod.name: fleet_capacity([pod], classes) for pod in scenario.pods}
 
 
 # Scenario h's users: the heavy ones' shares of the heavy requests, how many light ones,
