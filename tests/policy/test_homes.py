@@ -83,6 +83,15 @@ def test_an_idle_decision_leaves_the_memory_as_it_was() -> None:
     assert after.memory is memory and memory.samples == 5
 
 
+def test_a_factor_keeps_the_ratio_it_was_set_at() -> None:
+    moved = _run({"a": 20.0, "b": 7.0, "c": 7.0, "d": 6.0}, WINDOW)
+    assert moved.ratios == pytest.approx({"a": 2.0})
+    # Next window, b spills at 2.5 times its share; a, now carrying little, keeps its ratio.
+    later = _run({"a": 2.0, "b": 25.0, "c": 7.0, "d": 6.0}, WINDOW, moved, spilling=frozenset("b"))
+    assert later.factors == pytest.approx({"a": 0.5, "b": 1 / 2.5})
+    assert later.ratios == pytest.approx({"a": 2.0, "b": 2.5})
+
+
 def test_a_share_within_the_tolerance_moves_nothing() -> None:
     edge = 1 + TUNING.home_tolerance
     load = {"a": 10 * edge, "b": 10.0, "c": 10.0, "d": 10.0}

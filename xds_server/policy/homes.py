@@ -82,7 +82,7 @@ def balanced_homes(
     """
     present = tuple(k for k in healthy if k in fresh and capacity_shares.get(k, 0.0) > 0)
     now = sum(fresh[k].running + fresh[k].waiting for k in present)
-    if now < tuning.home_min_load * len(present):
+    if not present or now < tuning.home_min_load * len(present):
         # An idle decision teaches nothing, and leaves the memory as it was: an idle pool's
         # decision stays the same, and costs nothing (decision.py's Decider).
         return Homes(memory=memory, reasons=_reasons(memory.factors, memory.ratios, present))
@@ -98,7 +98,8 @@ def balanced_homes(
     if samples >= tuning.home_window_intervals:
         moved = _rebalanced(present, load, spills, samples, capacity_shares, factors, tuning)
         if moved is not None:
-            factors, ratios = moved
+            factors, moved_ratios = moved
+            ratios = {k: r for k, r in ratios.items() if k in factors} | moved_ratios
         load, spills, samples = dict.fromkeys(present, 0.0), dict.fromkeys(present, 0), 0
     kept = HomeMemory(factors=factors, load=load, spills=spills, samples=samples, ratios=ratios)
     return Homes(memory=kept, reasons=_reasons(factors, ratios, present))
@@ -113,8 +114,9 @@ def _rebalanced(
     factors: Mapping[str, float],
     tuning: Tuning,
 ) -> tuple[dict[str, float], dict[str, float]] | None:
-    """New factors and ratios when the window shows a busy pool with a pod beyond its
-    share by more than the tolerance that spilled in enough of it; None otherwise."""
+    """New factors, and the ratios of the pods that moved, when the window shows a busy
+    pool with a pod beyond its share by more than the tolerance that spilled in enough of
+    it; None otherwise."""
     total = sum(load[k] for k in present)
     if len(present) < 2 or total < tuning.home_min_load * len(present) * samples:
         return None
@@ -133,7 +135,7 @@ def _rebalanced(
     for key in movers:
         moved[key] = max(1 / tuning.home_max_factor, moved.get(key, 1.0) / ratios[key])
     kept = {k: f for k, f in moved.items() if f != 1.0}
-    return kept, {k: ratios[k] for k in kept}
+    return kept, {k: ratios[k] for k in movers}
 
 
 def _reasons(
