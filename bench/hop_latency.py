@@ -50,8 +50,11 @@ __all__ = ["DIRECT", "ENVOY", "HOP_PEERS", "markdown_line", "measure_hop_latency
 
 DIRECT = "direct"
 ENVOY = "envoy_project"
-# The peer policies that run in front of one pod.
-HOP_PEERS = tuple(p for p in PEER_POLICIES if p != "vllm_router_power_of_two")
+# The peer policies that run in front of one pod: vllm-router's (SGLang's router is not
+# measured here).
+HOP_PEERS = tuple(
+    p for p in PEER_POLICIES if p.startswith("vllm_router_") and p != "vllm_router_power_of_two"
+)
 # An H100 fifty times faster: a 0.6 ms step, so the pod adds little beside the hop.
 _POD_PROFILE = H100.scaled(0.02)
 _REQUEST = {
@@ -191,7 +194,7 @@ async def measure_hop_latency(
         "warmup_per_path": warmup,
         "request": _REQUEST,
         "pod": {"profile": _POD_PROFILE.name, "step_base_s": _POD_PROFILE.step_base_s},
-        "versions": {"envoy": _envoy_version(), **peer_versions()},
+        "versions": {"envoy": _envoy_version(), **peer_versions(peers)},
         "peer_commands": commands,
         "paths": _figures(samples),
     }

@@ -35,7 +35,8 @@ __all__ = [
 POLICY_ORDER = ("round_robin", "least_request", "project", "oracle")
 # Peer policies' names (bench/peers.py PEER_POLICIES); matched by prefix so that a
 # results.json with a policy this checkout does not know still reports it as a peer.
-PEER_PREFIX = "vllm_router_"
+PEER_PREFIX = ("vllm_router_", "sglang_router_")
+_PEER_NAMES = ", ".join(f"{prefix}*" for prefix in PEER_PREFIX)
 # Outcomes of a request that never waited on a pod for a first token: no TTFT sample
 # (llm_sim.loadgen.stats.ttft_sample).
 _NO_TTFT_ERRORS = frozenset({"error:connect", "error:dropped_by_client", "error:protocol"})
@@ -144,7 +145,7 @@ def headline_table(results: Mapping[str, Any]) -> str:
     }
     if not paired:
         return (
-            f"No scenario ran both the project and a peer ({PEER_PREFIX}*): no"
+            f"No scenario ran both the project and a peer ({_PEER_NAMES}): no"
             " project-vs-best-peer table."
         )
     seeds = int(results.get("seeds", 1))
@@ -156,7 +157,7 @@ def headline_table(results: Mapping[str, Any]) -> str:
     lines = [
         "### Project vs best peer",
         "",
-        f"Best peer: the {PEER_PREFIX}* policy with the lowest P99 TTFT (median over seeds;"
+        f"Best peer: the {_PEER_NAMES} policy with the lowest P99 TTFT (median over seeds;"
         f" ties by P95). {spread} Gap closure: (RR − policy) / (RR − oracle) on P99 TTFT"
         " (– without round robin and oracle runs, or when RR is not slower than the"
         " oracle). n: requests behind each TTFT percentile, per seed (nearest rank).",

@@ -12,8 +12,10 @@ Policies:
   project        this project's control plane (today: weighted least request, equal weights;
                  GPU-aware weights arrive with the balancing issue)
   oracle         a router inside the simulator with exact pod state: the limit
-  vllm_router_*  a real per-request router (`vllm-router`, bench/peers.py) in front of the
-                 same pods instead of Envoy, one policy each; asked for by name only
+  vllm_router_*, sglang_router_*
+                 a real per-request router (`vllm-router`, SGLang's `sglang-router`;
+                 bench/peers.py) in front of the same pods instead of Envoy, one policy
+                 each; asked for by name only
 
 Scenario g (faults) runs its fault schedule beside the replay (`_inject_faults`): the
 times are taken from the first request the fleet sees, and reported from the trace's
@@ -58,7 +60,7 @@ from bench.collector import CollectorPauses, collector_frozen
 from bench.gray import gray_figures, inject_gray_faults
 from bench.lora_trace import AdapterSampler
 from bench.overload import fleet_capacity_tokens_per_s, overload_figures
-from bench.peers import PEER_POLICIES, PEER_SESSION_HEADER, peer_versions, run_vllm_router
+from bench.peers import PEER_POLICIES, PEER_SESSION_HEADER, peer_pods, peer_versions, run_peer
 from bench.pooling import pooled_latencies
 from bench.reaction import measure_reaction
 from bench.replicated import (
@@ -274,7 +276,7 @@ async def _targets(
     scenario: Scenario, policy: str, *, seed: int, stream_interval: int
 ) -> AsyncIterator[tuple[Fleet, list[tuple[str, int]]]]:
     async with Fleet(
-        scenario.pods, model=MODEL, stream_interval=stream_interval, seed=seed
+        peer_pods(policy, scenario.pods), model=MODEL, stream_interval=stream_interval, seed=seed
     ) as fleet:
         if policy == "oracle":
             async with OracleRouter(fleet.pods, seed=seed) as oracle:
@@ -493,11 +495,11 @@ async def _replay_on_peer(
     trace_path: Path,
     workdir: Path,
 ) -> tuple[ReplayResult, dict[str, Any]]:
-    """The trace replayed through `vllm-router` with the peer's `--policy`, in front of the
+    """The trace replayed through the peer's router with its `--policy`, in front of the
     same pods (bench/peers.py); the figures name the router's command line."""
     workers = [f"http://{host}:{port}" for host, port in endpoints]
     log_path = workdir / f"{trace_path.stem}-{policy}.log"
-    async with run_vllm_router(PEER_POLICIES[policy], workers=workers, log_path=log_path) as peer:
+    async with run_peer(policy, workers=workers, log_path=log_path) as peer:
         result = await run_replay_in_subprocess(
             trace_path,
             url=peer.url,
@@ -505,9 +507,8 @@ async def _replay_on_peer(
             max_in_flight=5000,
             cache_key_session=True,
         )
-    command = ["vllm-router", *peer.argv[1:]]
-    figures = {"command": " ".join(command), "session_header": PEER_SESSION_HEADER}
-    return result, {"peer": {**figures, **peer_versions()}}
+    figures = {"command": peer.command, "session_header": PEER_SESSION_HEADER}
+    return result, {"peer": {**figures, **peer_versions([policy])}}
 
 
 async def _replay_on_replicas(
@@ -1044,7 +1045,7 @@ async def run_benchmark(
                     p: [t for run in r for t in run.latencies["ttft"]] for p, r in runs.items()
                 }
     if set(options.policies) & set(PEER_POLICIES):
-        results["peer_versions"] = peer_versions()
+        results["peer_versions"] = peer_versions(options.policies)
     if "project" in options.policies:
         progress("reaction time: pod metrics change -> Envoy applies the new weight")
         reaction = await measure_reaction(trials=options.reaction_trials)

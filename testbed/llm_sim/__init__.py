@@ -10,7 +10,7 @@ exact-state router that bounds what any router can achieve; `probe` measures wha
 sustains. The load generator lives in `loadgen`.
 
 This package does I/O (`pod`, `fleet`, `oracle`, `probe`); `profiles`, `kv_cache`, `stats`,
-`engine`, `metrics_text` and `openai_api` are pure.
+`engine`, `metrics_text`, `openai_api` and `sglang_api` (SGLang's own endpoints) are pure.
 """
 
 from __future__ import annotations

@@ -143,7 +143,9 @@ class EngineState:
     `num_prefilling` counts running requests whose prompt is not fully computed yet.
     Token counts: `queued_prefill_tokens` is the prompt work not yet done, for waiting
     requests net of the prefix cache as it stands now, for running ones their unfinished
-    prompt chunks; `running_context_tokens` is the context the running batch attends to.
+    prompt chunks; `waiting_prompt_tokens` is the waiting requests' whole prompts (what
+    SGLang's `/get_load` counts for its queue); `running_context_tokens` is the context the
+    running batch attends to.
     `running_remaining_tokens` lists, ascending, how many output tokens each running request
     still has to produce, and `adapter_remaining_tokens` the most any running request of
     each adapter has left. `lora_info` is the history behind `vllm:lora_requests_info`:
@@ -174,6 +176,7 @@ class EngineState:
     adapter_requests: int
     adapter_hits: int
     queued_prefill_tokens: int
+    waiting_prompt_tokens: int
     running_context_tokens: int
     running_remaining_tokens: tuple[int, ...]
     adapter_remaining_tokens: Mapping[str, int]
@@ -693,6 +696,7 @@ class Engine:
             adapter_requests=self._adapter_requests,
             adapter_hits=self._adapter_hits,
             queued_prefill_tokens=queued,
+            waiting_prompt_tokens=sum(seq.prompt_len for seq in self._waiting),
             running_context_tokens=context,
             running_remaining_tokens=tuple(sorted(s.remaining_output for s in self._running)),
             adapter_remaining_tokens=adapter_remaining,

@@ -5,8 +5,10 @@ like a vLLM pod: OpenAI-compatible completions (JSON or server-sent events), `/v
 `/health` and a `/metrics` page in the flavour of the server it imitates. A vLLM-flavoured
 pod also answers vLLM's `/tokenize`, `/v1/chat/completions/render` and
 `/v1/completions/render` (token ids by the simulator's token rule, `openai_api.token_ids`),
-which vllm-router's `cache_aware` asks every worker before it routes a request. What happens
-behind the socket is `engine.Engine`, stepped by one asyncio task per pod:
+which vllm-router's `cache_aware` asks every worker before it routes a request. An
+SGLang-flavoured pod answers SGLang's `/get_load`, `/server_info` and `/model_info` (and
+their `/get_` forms; `sglang_api`), which SGLang's router asks. What happens behind the
+socket is `engine.Engine`, stepped by one asyncio task per pod:
 
 - The step loop sleeps to ABSOLUTE deadlines on the event loop's clock: step k+1 starts
   exactly when step k ends. When the process falls behind (a busy event loop on a loaded
@@ -65,6 +67,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from llm_sim.engine import Engine, EngineRequest, EngineState, StepOutcome
 from llm_sim.kv_cache import Token
@@ -90,6 +93,7 @@ from llm_sim.openai_api import (
     usage_chunk_document,
 )
 from llm_sim.profiles import H100, HardwareProfile
+from llm_sim.sglang_api import load_document, model_info_document, server_info_document
 
 __all__ = [
     "BACKEND_ID_HEADER",
@@ -108,6 +112,21 @@ DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 # Prompts can be large; aiohttp refuses bodies over 1 MiB by default.
 _MAX_BODY_BYTES = 64 << 20
 _SHUTDOWN_S = 0.2
+
+
+class _Http2PrefaceFilter(logging.Filter):
+    """Drops aiohttp's error (with traceback) for a client that opens with HTTP/2's
+    connection preface: SGLang's router sends one to every worker, probing for gRPC beside
+    its HTTP health check, and the pod answers 400 as any HTTP/1 server does."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, BadHttpMessage) and "PRI/Upgrade" in str(error))
+
+
+# The pods' HTTP server log (aiohttp's, under the pod's name).
+_http_logger = logging.getLogger(f"{__name__}.http")
+_http_logger.addFilter(_Http2PrefaceFilter())
 
 
 class PodState(enum.Enum):
@@ -294,6 +313,12 @@ class SimulatedPod:
             app.router.add_post("/tokenize", self._tokenize)
             app.router.add_post("/v1/chat/completions/render", self._render_chat)
             app.router.add_post("/v1/completions/render", self._render_text)
+        if self.flavour is Flavour.SGLANG:
+            app.router.add_get("/get_load", self._sglang_load)
+            for path in ("/server_info", "/get_server_info"):
+                app.router.add_get(path, self._sglang_server_info)
+            for path in ("/model_info", "/get_model_info"):
+                app.router.add_get(path, self._sglang_model_info)
         # A stopped pod cuts its in-flight responses within `_SHUTDOWN_S`, like a killed one.
         self._runner = web.AppRunner(
             app,
@@ -301,6 +326,7 @@ class SimulatedPod:
             handle_signals=False,
             handler_cancellation=True,
             shutdown_timeout=_SHUTDOWN_S,
+            logger=_http_logger,
         )
         await self._runner.setup()
         await self._serve(self._port)
@@ -823,6 +849,18 @@ class SimulatedPod:
             created=self._created,
             max_model_len=self.profile.max_model_len,
         )
+        return web.json_response(document, headers={BACKEND_ID_HEADER: self.name})
+
+    async def _sglang_load(self, http_request: web.Request) -> web.Response:
+        document = load_document(self._engine.state(), profile=self.profile)
+        return web.json_response(document, headers={BACKEND_ID_HEADER: self.name})
+
+    async def _sglang_server_info(self, http_request: web.Request) -> web.Response:
+        document = server_info_document(model=self.model, profile=self.profile)
+        return web.json_response(document, headers={BACKEND_ID_HEADER: self.name})
+
+    async def _sglang_model_info(self, http_request: web.Request) -> web.Response:
+        document = model_info_document(model=self.model)
         return web.json_response(document, headers={BACKEND_ID_HEADER: self.name})
 
     async def _health(self, http_request: web.Request) -> web.Response:

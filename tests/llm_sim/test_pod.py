@@ -22,12 +22,6 @@ FAST = H100.scaled(0.1)  # 3 ms steps: quick tests
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
 async def pod() -> AsyncIterator[SimulatedPod]:
     async with SimulatedPod("pod-a", profile=FAST, adapters=("sql-lora",), seed=5) as pod:
         yield pod

@@ -18,12 +18,6 @@ FAST = H100.scaled(0.1)
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
 async def pod() -> AsyncIterator[SimulatedPod]:
     async with SimulatedPod("pod-a", profile=FAST, adapters=("sql-lora",)) as pod:
         yield pod
