@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from bench.__main__ import main
+from bench.runner import _routing
 from bench.scenarios import HOT_KEYS_HEAVY, VARIANTS, Scenario, build_scenario, scenario_names
 from llm_sim.loadgen.spec import PrefixGroups
 from llm_sim.loadgen.trace import generate_trace
@@ -104,6 +105,8 @@ def test_variants_shape_what_their_docstrings_say() -> None:
     assert e.trace.lora is not None and e.trace.lora.zipf_s == 0.6
     assert len(e.adapters) == 16 == len(set(e.adapters)) and e.trace.lora.adapters == e.adapters
     assert all(p.adapters == e.adapters and p.profile.max_loras == 2 for p in e.pods)
+    [pool] = _routing(e, "project", [("127.0.0.1", 1)]).pools
+    assert tuple(pool.adapters) == e.adapters and pool.adapter_slots == 2
     h = build_scenario("h@key-skew", duration_s=16)
     assert h.trace.users is not None and sum(h.trace.users.heavy) == pytest.approx(1)
     assert max(h.trace.users.heavy) < min(HOT_KEYS_HEAVY[0], 0.5)
