@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from xds_server.policy.adapters import AdapterPod, place_adapters
+from xds_server.tuning import Tuning
 
 ADAPTERS = ("a0", "a1", "a2", "a3", "a4", "a5")
 
@@ -321,3 +323,144 @@ def test_before_any_pod_ran_an_adapter_the_placement_does_not_hang_on_the_order_
     ran = dataclasses.replace(idle, recent_adapters=("a0",))
     grown = place_adapters(ADAPTERS, {"p": ran, "q": idle, "r": idle, "s": idle}, kept)
     assert {k: grown[k] for k in kept} == kept
+
+
+# Rule 4 and the parking of rule 1: pools with more adapters than slots (issue 35).
+SIXTEEN = tuple(f"adapter-{i}" for i in range(16))
+
+
+def test_with_more_adapters_than_slots_the_waiting_ones_are_dealt_out_not_piled() -> None:
+    """Scenario e with 16 adapters on 4 pods of 2 slots: before any request, the 8 without
+    a slot went to the first pod by name (10 adapters there, 189 of 376 requests); now
+    they are dealt out in turn, the pod whose adapters are listed last first."""
+    idle = {f"p{i}": dataclasses.replace(pod(load=0), name=f"h100-{i}") for i in range(4)}
+    got = place_adapters(SIXTEEN, idle, {})
+    listed = {key: sorted(int(a.split("-")[1]) for a in held) for key, held in got.items()}
+    assert listed == {
+        "p0": [0, 4, 11, 12],
+        "p1": [1, 5, 10, 13],
+        "p2": [2, 6, 9, 14],
+        "p3": [3, 7, 8, 15],
+    }
+
+
+def crowded(**changes: AdapterPod) -> dict[str, AdapterPod]:
+    """8 adapters on 3 pods of 2 slots: x is fed twice its share (40 of 60 requests, 20
+    waiting), a6 waiting there for a slot; y runs only a2 (a slot idle); z runs both."""
+    pods = {
+        "x": dataclasses.replace(
+            pod("a0", "a1", "a6", load=40, waiting=True),
+            running_adapters=frozenset({"a0", "a1"}),
+            queued=20,
+        ),
+        "y": pod("a2", load=6),
+        "z": pod("a4", "a5", load=14),
+    }
+    return {**pods, **changes}
+
+
+EIGHT = tuple(f"a{i}" for i in range(8))
+CROWDED_BEFORE = {"x": ("a0", "a1", "a6"), "y": ("a2", "a3", "a7"), "z": ("a4", "a5")}
+GIVES_A0 = {"x": ("a1", "a6"), "y": ("a0", "a2", "a3", "a7"), "z": ("a4", "a5")}
+
+
+@pytest.mark.parametrize(
+    ("case", "pods", "tuning", "expected"),
+    [
+        # a0 and a1 carry 13.3 each (no history): a0, listed first, drains off x and frees
+        # its slot for a6, whose requests wait there.
+        ("x gives an adapter it runs to y's idle slot", crowded(), Tuning(), GIVES_A0),
+        (
+            "y's slots in use: loading there waits for a drain, no move",
+            crowded(y=pod("a2", "a3", load=6)),
+            Tuning(),
+            CROWDED_BEFORE,
+        ),
+        (
+            "x within its share and the tolerance",
+            crowded(x=dataclasses.replace(crowded()["x"], load=14, queued=2)),
+            Tuning(),
+            CROWDED_BEFORE,
+        ),
+        (
+            "x has three times its peers' capacity: 40 of 60 is within its share",
+            crowded(x=dataclasses.replace(crowded()["x"], capacity=3.0)),
+            Tuning(),
+            CROWDED_BEFORE,
+        ),
+        (
+            "nothing waits in x",
+            crowded(x=dataclasses.replace(crowded()["x"], waiting=False)),
+            Tuning(),
+            CROWDED_BEFORE,
+        ),
+        (
+            "a load dearer than the wait (20 requests x 1 s < 5 s x 7 running)",
+            crowded(),
+            Tuning(adapter_load_s=5.0),
+            CROWDED_BEFORE,
+        ),
+        (
+            "a tolerance above x's excess",
+            crowded(),
+            Tuning(adapter_share_tolerance=1.5),
+            CROWDED_BEFORE,
+        ),
+    ],
+)
+def test_an_overfed_pod_gives_an_adapter_to_an_idle_slot_only_at_a_known_cost(
+    case: str, pods: dict[str, AdapterPod], tuning: Tuning, expected: dict[str, tuple[str, ...]]
+) -> None:
+    assert place_adapters(EIGHT, pods, CROWDED_BEFORE, tuning=tuning) == expected, case
+
+
+def test_with_a_slot_for_every_adapter_load_share_moves_nothing() -> None:
+    # The same pods with 3 slots each (9 for 8 adapters): rules 1-3 alone, as before.
+    roomy = {k: dataclasses.replace(p, slots=3) for k, p in crowded().items()}
+    assert place_adapters(EIGHT, roomy, CROWDED_BEFORE) == CROWDED_BEFORE
+
+
+def test_an_overfed_pod_gives_the_running_adapter_that_leaves_the_receiver_below_it() -> None:
+    """No adapter waits in x for a slot: it gives one it runs. a0 carries 32 of x's 40
+    (it ran nearly always, a1 half the time): y would take 42 with it, not below x's 40;
+    a1's 8 leave y at 18."""
+    x = dataclasses.replace(pod("a0", "a1", load=40, waiting=True), queued=20)
+    pods = crowded(x=x, y=pod("a2", load=10))
+    before = {**CROWDED_BEFORE, "x": ("a0", "a1"), "z": ("a4", "a5", "a6")}
+    activity = {"a0": 0.95, "a1": 0.5}
+    got = place_adapters(EIGHT, pods, before, activity)
+    assert got == {**before, "x": ("a0",), "y": ("a1", "a2", "a3", "a7")}
+    # Without history both carry 20: a0, listed first, goes (30 < 40).
+    got = place_adapters(EIGHT, pods, before)
+    assert got == {**before, "x": ("a1",), "y": ("a0", "a2", "a3", "a7")}
+
+
+def test_an_overfed_pod_gives_an_adapter_waiting_for_a_slot_where_none_it_runs_fits() -> None:
+    """a0 and a1 carry 20 each (they ran nearly always, a6 never): y, at 21, would take
+    41, more than x's 40; a6, waiting in x for a slot, goes, and runs at once on y."""
+    pods = crowded(y=pod("a2", load=21))
+    activity = {"a0": 0.95, "a1": 0.95}
+    got = place_adapters(EIGHT, pods, CROWDED_BEFORE, activity)
+    assert got == {"x": ("a0", "a1"), "y": ("a2", "a3", "a6", "a7"), "z": ("a4", "a5")}
+
+
+def test_a_moved_adapter_holds_its_new_slot_until_its_requests_show_there() -> None:
+    """One move per decision, and the next decisions (the pods' metrics not yet moved) see
+    a0 on its way to y, its requests still in x: y's idle slot is taken, nothing more
+    moves, and nothing moves back."""
+    placement = CROWDED_BEFORE
+    for _ in range(5):
+        placement = place_adapters(EIGHT, crowded(), placement)
+        assert placement == GIVES_A0
+
+
+def test_a_pool_short_of_pods_for_a_while_is_not_crowded() -> None:
+    """8 adapters for 4 pods of 2 slots, two of them not yet in rotation (a cold start):
+    the pool is not crowded, and rules 1-3 place as they always did; crowded by its
+    configuration (`pool_slots` 6), the adapters without a slot are dealt out."""
+    idle = {f"p{i}": dataclasses.replace(pod(load=0), name=f"h100-{i}") for i in range(2)}
+    adapters = tuple(f"a{i}" for i in range(8))
+    short = place_adapters(adapters, idle, {}, pool_slots=8)
+    assert sorted(map(len, short.values())) == [2, 6]
+    crowded_pool = place_adapters(adapters, idle, {}, pool_slots=6)
+    assert sorted(map(len, crowded_pool.values())) == [4, 4]

@@ -264,9 +264,10 @@ def test_a_hot_adapter_whose_holders_queue_spills_to_a_free_slot() -> None:
             B: signals(adapters=(), running_adapters=(), max_adapters=1),
         }
     )
-    # No spill without a queue; c, with no free slot left, waits for one on A (the less
-    # loaded per slot), where it loads when a's requests drain.
-    assert quiet == {A: ("a", "c"), B: ("b",)}
+    # No spill without a queue; c, with no free slot left (more adapters than slots),
+    # waits for one on B: as loaded as A for its capacity, with as many adapters per slot,
+    # and its adapter is listed last (it drains soonest).
+    assert quiet == {A: ("a",), B: ("b", "c")}
 
 
 def test_pods_that_do_not_report_slots_keep_their_adapters() -> None:

@@ -12,11 +12,12 @@ which pods those requests happened to reach.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from xds_server.config import BalancingConfig, PoolConfig
 from xds_server.policy.adapters import AdapterPod, place_adapters
 from xds_server.policy.signals import PodSignals, endpoint_id
-from xds_server.tuning import Tuning
+from xds_server.tuning import MIN_RELATIVE_CAPACITY, Tuning
 
 __all__ = ["activity_of", "pool_placement"]
 
@@ -47,7 +48,13 @@ def activity_of(
 
 
 def _adapter_pod(
-    s: PodSignals, *, slots: int, score: float, name: str, settings: BalancingConfig
+    s: PodSignals,
+    *,
+    slots: int,
+    score: float,
+    capacity: float,
+    name: str,
+    settings: BalancingConfig,
 ) -> AdapterPod:
     running = set(s.running_adapters if s.running_adapters is not None else s.adapters)
     return AdapterPod(
@@ -62,6 +69,8 @@ def _adapter_pod(
         ),
         recent_adapters=s.recent_adapters,
         name=name,
+        queued=s.waiting,
+        capacity=capacity,
     )
 
 
@@ -74,8 +83,10 @@ def pool_placement(
     activity: Mapping[str, float],
     settings: BalancingConfig,
     tuning: Tuning,
+    capacities: Mapping[str, float] = MappingProxyType({}),
 ) -> dict[str, tuple[str, ...]]:
-    """Adapter placement (adapters.py) over the healthy pods (module docstring)."""
+    """Adapter placement (adapters.py) over the healthy pods (module docstring), their
+    `capacities` (relative, capacity.py; absent: 1) setting their shares of the load."""
     reported = [s.max_adapters for k in healthy if (s := signals.get(k)) and s.max_adapters]
     default_slots = pool.adapter_slots or max(reported, default=None)
     if default_slots is None or not any(k in signals for k in healthy):
@@ -86,10 +97,25 @@ def pool_placement(
             s,
             slots=s.max_adapters or default_slots,
             score=scores.get(key, 0.0),
+            capacity=max(capacities.get(key, 1.0), MIN_RELATIVE_CAPACITY),
             name=names[key],
             settings=settings,
         )
         for key in healthy
         if (s := signals.get(key)) is not None
     }
-    return place_adapters(pool.adapters, pods, previous, activity, tuning)
+    # The slots of every pod of the pool, in rotation or not: a pool crowded by its
+    # configuration, not one with pods out for a while (adapters.py, rule 4).
+    pool_slots = sum(
+        (s.max_adapters if (s := signals.get(key)) and s.max_adapters else default_slots)
+        for key in names
+    )
+    return place_adapters(
+        pool.adapters,
+        pods,
+        previous,
+        activity,
+        tuning,
+        interval_s=settings.scrape_interval_s,
+        pool_slots=pool_slots,
+    )

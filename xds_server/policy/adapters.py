@@ -26,9 +26,29 @@ when one of them breaks, since every change costs an adapter load and a burst of
 3. A replica nobody needs any more, an adapter on several pods none of which has requests
    waiting, whose demand per pod is below a quarter of a pod's mean load, is dropped
    from its most loaded pod. (2 and 3 need opposite conditions: no flapping.)
+4. Where the adapters outnumber the pool's slots (a crowded pool: some adapter always
+   waits beyond a pod's slots; the slots of all its pods, so that a pool short of pods
+   for a while is placed by rules 1-3 as before), load share: a pod fed beyond its
+   capacity's share of the pool's requests (`Tuning.adapter_share_tolerance`), with
+   requests waiting, gives one adapter to a pod under its share that can load it at once
+   (its requests use fewer adapters than its slots, counting adapters on their way to
+   it), when the requests it holds beyond its share, each waiting at least a decision
+   interval, would wait longer in all than the load (`Tuning.adapter_load_s`) stalls the
+   receiver's batch. First the hottest adapter it runs that leaves the receiver below it
+   (it drains off the overfed pod, and an adapter waiting there for a slot gets one: the
+   requests already queued for that adapter cannot move), else an adapter waiting there
+   for a slot. Only to an idle slot: a pod whose slots are in use loads a new adapter
+   only once one of its own has no request left, which for an adapter with a few
+   requests in flight can take longer than the trace (scenario e with 16 adapters), a
+   cost no scrape tells. In a crowded pool, rule 1's adapters without a slot anywhere
+   wait on the pod with the least load for its capacity, counting what this decision put
+   there, then the fewest adapters per slot (at a cold start they are dealt out in turn:
+   all went to the first pod by name before, and with 16 adapters on 4 pods of 2 slots
+   that pod served half the requests).
 
 Each decision applies 1, then 3, then moves adapters waiting beyond a pod's slots to free
-slots, then 2.
+slots, then 2, then 4. Every rule changes a bounded number of adapters (4: one per
+decision); none undoes another's change while the inputs stand still.
 
 Demand is estimated from what pods report. vLLM's `lora_requests_info` names the
 adapters of the running and waiting requests but not their counts, so each pod's requests
@@ -94,6 +114,10 @@ class AdapterPod:
     # Its name (config.EndpointConfig.ring_key): ties between pods fall by it, so that they
     # fall the same way whatever addresses the pods have.
     name: str = ""
+    # Rule 4 (pools with more adapters than slots): its requests waiting, and its serving
+    # capacity relative to the pool's others (capacity.py), which sets its share of the load.
+    queued: float = 0.0
+    capacity: float = 1.0
 
 
 def place_adapters(
@@ -102,13 +126,22 @@ def place_adapters(
     previous: Mapping[str, tuple[str, ...]],
     activity: Mapping[str, float] = MappingProxyType({}),
     tuning: Tuning = _DEFAULT_TUNING,
+    *,
+    interval_s: float = 1.0,
+    pool_slots: int | None = None,
 ) -> dict[str, tuple[str, ...]]:
     """The adapters each pod in `pods` advertises, from the `previous` placement (pods
     without one, as after a restart, start from what they ran most recently up to their
     slots, else from what they run, and what waits in them if it fits their slots; from
     nothing when the pods changed before any ran an adapter); `activity` (0 to 1, absent:
-    0) breaks ties in estimated demand; `tuning` has the rules' thresholds."""
-    return _Placement(adapters, pods, previous, activity, tuning).result()
+    0) breaks ties in estimated demand; `tuning` has the rules' thresholds; `interval_s`
+    is the time until the next decision (rule 4 weighs a load against it); `pool_slots`
+    the slots of all the pool's pods, in rotation or not (None: those of `pods`), which
+    tells a crowded pool (more adapters than slots) from one short of pods for a while."""
+    placement = _Placement(adapters, pods, previous, activity, tuning)
+    if pool_slots is not None:
+        placement.crowded = len(set(adapters)) > pool_slots
+    return placement.result(interval_s)
 
 
 class _Placement:
@@ -146,11 +179,19 @@ class _Placement:
             self.advertised[key] = start & configured
         self.activity = activity
         self.demand = dict.fromkeys(adapters, 0.0)
-        for pod in pods.values():
+        # Each pod's share of each adapter's demand (rule 4 moves that much load).
+        self.carried: dict[str, dict[str, float]] = {key: {} for key in pods}
+        for key, pod in pods.items():
             rates = {a: self._rate(a) for a in pod.adapters}
             total = sum(rates.values())
             for adapter in pod.adapters & configured:
-                self.demand[adapter] += pod.load * rates[adapter] / total
+                self.carried[key][adapter] = pod.load * rates[adapter] / total
+                self.demand[adapter] += self.carried[key][adapter]
+        # More adapters than the pods have slots: some always wait beyond a pod's slots,
+        # and where they wait decides the pods' loads (rule 1's parking, rule 4).
+        self.crowded = len(configured) > sum(pod.slots for pod in pods.values())
+        # Demand parked on each pod in this decision (rule 1).
+        self.parked = dict.fromkeys(pods, 0.0)
         self.mean_load = sum(p.load for p in pods.values()) / max(1, len(pods))
         self.by_score = sorted(pods, key=lambda k: (-pods[k].score, *self._named(k)))
         self.best = max((pod.score for pod in pods.values()), default=0.0)
@@ -160,7 +201,7 @@ class _Placement:
         # Pods that took a hot adapter in this decision.
         self.received: set[str] = set()
 
-    def result(self) -> dict[str, tuple[str, ...]]:
+    def result(self, interval_s: float) -> dict[str, tuple[str, ...]]:
         for adapter in self.by_demand:
             if not self._holders(adapter):
                 self._place(adapter)
@@ -175,6 +216,8 @@ class _Placement:
                 and self.demand[adapter] / len(holders) >= self.mean_load
             ):
                 self._replicate(adapter)
+        if self.crowded:
+            self._relieve_overfed(interval_s)
         return {key: tuple(sorted(held)) for key, held in self.advertised.items()}
 
     def _queued(self, key: str, adapter: str) -> bool:
@@ -203,7 +246,8 @@ class _Placement:
         if target is None:
             target = self._spare_cold_replica()
         if target is None:
-            target = min(self.pods, key=self._load_per_slot)
+            target = min(self.pods, key=self._parking if self.crowded else self._load_per_slot)
+            self.parked[target] += self.demand[adapter]
         self.advertised[target].add(adapter)
 
     def _move_to_free_slots(self) -> None:
@@ -348,6 +392,123 @@ class _Placement:
 
     def _load_per_slot(self, key: str) -> tuple[float, str, str]:
         return self.pods[key].load / self.pods[key].slots, *self._named(key)
+
+    def _parking(self, key: str) -> tuple[float, float, int, str, str]:
+        """Where an adapter with no slot anywhere waits, in a crowded pool: the pod with
+        the least load for its capacity, counting the demand parked on it in this
+        decision, then the fewest adapters per slot, then the one whose adapters are
+        listed last (at a cold start, with no load anywhere, adapters are dealt out in
+        turn, the hottest listed first, so that no pod collects every waiting adapter:
+        all ten went to the first pod by name before, 189 of 376 requests on one pod of
+        four)."""
+        pod = self.pods[key]
+        held = self.advertised[key]
+        last = max((self.listed[a] for a in held), default=len(self.listed))
+        return (
+            (pod.load + self.parked[key]) / pod.capacity,
+            len(held) / pod.slots,
+            -last,
+            *self._named(key),
+        )
+
+    def _relieve_overfed(self, interval_s: float) -> None:
+        """Rule 4, in a crowded pool: the pod fed furthest beyond its capacity's share of
+        the load (by `adapter_share_tolerance`), with requests waiting, gives one adapter to
+        a pod under its share that can load it at once, one whose slots will not all be in
+        use (the cost is a load, `adapter_load_s`; a pod with its slots in use loads a new
+        adapter only once one of its own has drained, seconds later). The move is made
+        when the requests the overfed pod holds beyond its share, each waiting at least
+        until the next decision, wait longer in all than the load stalls the receiver's
+        batch. It gives the hottest adapter it runs whose requests leave the receiver
+        below it (no move back: the pair's larger load only falls), else one waiting
+        there for a slot (`_to_give`). One move per
+        decision; an adapter on its way (requests on a pod that no longer advertises it)
+        counts on the pods that do, so that the next decisions, before its requests show
+        there, do not fill the same idle slot again."""
+        load, used = self._expected()
+        total = sum(load.values())
+        capacity = sum(pod.capacity for pod in self.pods.values())
+        if total <= 0 or capacity <= 0:
+            return
+        share = {key: total * pod.capacity / capacity for key, pod in self.pods.items()}
+        overfed = max(self.pods, key=lambda k: (load[k] / self.pods[k].capacity, *self._named(k)))
+        pod = self.pods[overfed]
+        if (
+            not pod.waiting
+            or load[overfed] <= (1 + self.tuning.adapter_share_tolerance) * (share[overfed])
+        ):
+            return
+        receiver = min(
+            (k for k in self.pods if k != overfed and self._can_take(k, load, share, used)),
+            key=lambda k: (load[k] / self.pods[k].capacity, *self._named(k)),
+            default=None,
+        )
+        if receiver is None:
+            return
+        waits = min(pod.queued, load[overfed] - share[overfed]) * interval_s
+        stalls = self.tuning.adapter_load_s * (
+            self.pods[receiver].load - self.pods[receiver].queued + 1
+        )
+        if waits <= stalls:
+            return
+        for adapter in self._to_give(overfed, receiver):
+            moved = self.carried[overfed].get(adapter, 0.0)
+            if (load[receiver] + moved) / self.pods[receiver].capacity < load[
+                overfed
+            ] / pod.capacity:
+                self.advertised[overfed].discard(adapter)
+                self.advertised[receiver].add(adapter)
+                self.received.add(receiver)
+                return
+
+    def _can_take(
+        self,
+        key: str,
+        load: Mapping[str, float],
+        share: Mapping[str, float],
+        used: Mapping[str, set[str]],
+    ) -> bool:
+        """Rule 4's receivers: under their share, with room (`_has_room`), and a slot that
+        nothing on its way will take."""
+        return (
+            load[key] < share[key] and len(used[key]) < self.pods[key].slots and self._has_room(key)
+        )
+
+    def _expected(self) -> tuple[dict[str, float], dict[str, set[str]]]:
+        """Each pod's load and the adapters that will use its slots once the adapters
+        moved off other pods arrive: the adapters of its requests (one that drains holds
+        its slot until it has), and those on their way to it, with their requests on pods
+        that no longer advertise them (their demand counts where they go)."""
+        load = {key: pod.load for key, pod in self.pods.items()}
+        used = {key: set(pod.adapters) for key, pod in self.pods.items()}
+        for key, pod in self.pods.items():
+            for adapter in sorted(pod.adapters - self.advertised[key]):
+                holders = self._holders(adapter)
+                moved = self.carried[key].get(adapter, 0.0)
+                for holder in holders:
+                    load[holder] += moved / len(holders)
+                    used[holder].add(adapter)
+                if holders:
+                    load[key] -= moved
+        return load, used
+
+    def _to_give(self, overfed: str, receiver: str) -> list[str]:
+        """The adapters the overfed pod has requests of and advertises, that the receiver
+        lacks, in the order rule 4 tries them: those it runs first (one given away drains
+        there, and frees its slot for an adapter waiting for one: its requests already
+        queued in the pod would wait for that slot whatever the next ones do), then the
+        most demand it carries, then listed first (an adapter without requests there
+        would relieve it of nothing)."""
+        pod = self.pods[overfed]
+        carried = self.carried[overfed]
+        return sorted(
+            (
+                a
+                for a in self.advertised[overfed] & pod.adapters
+                if a not in self.advertised[receiver]
+            ),
+            key=lambda a: (a not in pod.running_adapters, -carried.get(a, 0.0), self.listed[a]),
+        )
 
     def _drop_idle_replica(self, adapter: str) -> None:
         """Rule 3."""

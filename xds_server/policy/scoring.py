@@ -208,7 +208,7 @@ def score_pool(
     if pool.adapters:
         activity = activity_of(pool.adapters, pods.healthy, signals, adapter_activity, tuning)
         placed = pool_placement(
-            pool, pods.healthy, signals, scores, placement, activity, settings, tuning
+            pool, pods.healthy, signals, scores, placement, activity, settings, tuning, capacities
         )
     spill = spilling(
         pods.healthy,
