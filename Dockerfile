@@ -21,8 +21,9 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 # Only what the wheel is made of; .dockerignore keeps the rest of the context out.
 # README.m[d] is the readme pyproject.toml names, copied when it exists: a glob that matches
-# nothing is allowed beside a source that does (setuptools only warns without it).
-COPY pyproject.toml README.m[d] ./
+# nothing is allowed beside a source that does (setuptools only warns without it). LICENSE
+# is pyproject.toml's license-files: the build fails without it.
+COPY pyproject.toml README.m[d] LICENSE ./
 COPY xds_server/ xds_server/
 RUN pip wheel --no-deps --wheel-dir /wheels .
 

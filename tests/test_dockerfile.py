@@ -228,6 +228,11 @@ def test_builder_makes_a_wheel_of_this_repository(stages: list[Stage]) -> None:
         assert any(fnmatch.fnmatchcase(readme, source) for source in copied), (
             f"The builder does not copy {readme}."
         )
+    # setuptools fails the build when a license file is missing.
+    for license_file in project.get("license-files", []):
+        assert any(fnmatch.fnmatchcase(license_file, source) for source in copied), (
+            f"The builder does not copy {license_file}."
+        )
 
 
 def test_final_stage_installs_the_builders_wheel(final: Stage) -> None:
