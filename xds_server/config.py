@@ -30,6 +30,7 @@ from xds_server.errors import ConfigError
 from xds_server.tuning import AdvancedOverrides, Tuning
 
 __all__ = [
+    "AccessLogConfig",
     "BANDS",
     "BalancingConfig",
     "Band",
@@ -224,6 +225,16 @@ class PoolConfig(_Strict):
         return endpoints
 
 
+class AccessLogConfig(_Strict):
+    """Envoy's access log of the listener: one JSON line per request (envoy/access_log.py)."""
+
+    enabled: bool = True
+    # A file Envoy appends to; standard output by default, as a container's log wants.
+    path: Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)] = "/dev/stdout"
+    # The share of successful requests logged; failed or refused ones are always logged.
+    sample_percent: Annotated[float, Field(ge=0, le=100)] = 100.0
+
+
 class ListenerConfig(_Strict):
     """Where Envoy accepts OpenAI-style traffic, and the limits of that traffic."""
 
@@ -245,6 +256,7 @@ class ListenerConfig(_Strict):
     request_headers_timeout_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
     max_request_headers_kb: Annotated[int, Field(ge=8, le=8192)] = 32
     idle_timeout_s: Annotated[float, Field(gt=0, le=86400)] = 300.0
+    access_log: AccessLogConfig = AccessLogConfig()
 
     @field_validator("address")
     @classmethod

@@ -23,8 +23,13 @@ from xds_server.app import XdsApplication
 from xds_server.envoy import names, render_bootstrap
 from xds_server.settings import KubernetesSettings, ServerSettings
 from xds_testbed.envoy_process import EnvoyProcess
+from xds_testbed.server_process import free_port
 
-__all__ = ["LocalGateway", "run_local_gateway"]
+__all__ = ["ACCESS_LOG_FLUSH_MS", "LocalGateway", "run_local_gateway"]
+
+# How often Envoy writes its access log (Envoy's default, 10 s, is long for a demo and
+# for tests that read the lines).
+ACCESS_LOG_FLUSH_MS = 250
 
 
 @dataclass
@@ -65,13 +70,15 @@ async def run_local_gateway(
     envoy_log_level: str = "warn",
     start_timeout_s: float = 20.0,
     load_report_interval_s: float | None = None,
+    stats_port: int | None = None,
 ) -> AsyncIterator[LocalGateway]:
     """Start the server on `config_path` (or on Kubernetes, `kubernetes`) and an Envoy that
     takes its config from it.
 
     Returns once Envoy is LIVE with the listener bound (all on 127.0.0.1; the server's ports
     and a listener port of 0 are chosen by the OS and read back). `load_report_interval_s`
-    overrides the server's LRS interval.
+    overrides the server's LRS interval. `stats_port` gives Envoy its stats listener there
+    (bootstrap.STATS_LISTENER). Envoy writes its access log every ACCESS_LOG_FLUSH_MS.
     """
     settings = ServerSettings(
         config_path=config_path,
@@ -82,6 +89,7 @@ async def run_local_gateway(
     )
     if load_report_interval_s is not None:
         settings = replace(settings, load_report_interval_s=load_report_interval_s)
+    admin_port = free_port() if stats_port is not None else 0
     async with contextlib.AsyncExitStack() as outer:
         server_exit = contextlib.AsyncExitStack()
         app = await server_exit.enter_async_context(XdsApplication(settings))
@@ -97,10 +105,20 @@ async def run_local_gateway(
             xds_port=app.xds_port,
             node_id=node_id,
             node_cluster="local",
-            admin_port=0,
+            # The stats listener forwards to a fixed admin port.
+            admin_port=admin_port,
             delta=delta,
+            stats_port=stats_port,
+            stats_address="127.0.0.1",
         )
-        envoy = await outer.enter_async_context(EnvoyProcess(bootstrap, log_level=envoy_log_level))
+        envoy = await outer.enter_async_context(
+            EnvoyProcess(
+                bootstrap,
+                log_level=envoy_log_level,
+                admin_port=admin_port,
+                extra_args=("--file-flush-interval-msec", str(ACCESS_LOG_FLUSH_MS)),
+            )
+        )
         await envoy.wait_live(timeout=start_timeout_s)
         port = await envoy.listener_port(names.LISTENER_NAME)
         gateway = LocalGateway(

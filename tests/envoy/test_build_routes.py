@@ -554,7 +554,10 @@ def test_session_and_long_prompt_routes_come_per_band_to_their_band_clusters() -
 def test_flow_control_off_ignores_retry_after() -> None:
     config = parse_config(FLOW_YAML.replace("enabled: true", "enabled: false"))
     assert build_routes(config, retry_after={("p", "standard"): 9}) == build_routes(config)
-    assert all(not r.HasField("metadata") for r in _routes(config))
+    # No band, no Retry-After: the pool alone (for the access log).
+    assert {
+        frozenset(_band_metadata(r)) for r in _routes(config) if r.HasField("metadata")
+    } <= {frozenset({"pool"}), frozenset({"pool", "session_key_from"})}
 
 
 def test_a_session_pool_has_spill_routes_to_its_own_cluster(

@@ -8,17 +8,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any as _Any
 
-from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.type.matcher.v3 import string_pb2
-from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from xds_server.config import BANDS, Band, ModelBands, RoutingConfig
 from xds_server.envoy import names
 from xds_server.envoy._route_matches import with_header
 from xds_server.policy.admission import PoolAdmission
 
-__all__ = ["RetryAfter", "band_metadata", "classified", "retry_after_of"]
+__all__ = ["RetryAfter", "add_band", "classified", "retry_after_of"]
 
 
 def retry_after_of(admissions: Mapping[str, PoolAdmission]) -> dict[tuple[str, Band], int]:
@@ -68,12 +66,10 @@ def classified(config: RoutingConfig, model: str, match: _Any) -> Iterator[tuple
     yield f"/{default}", default, match
 
 
-def band_metadata(band: Band, pool: str, retry_after_s: int) -> _Any:
-    """Route metadata `llm: {band, pool, retry_after_s}`, printed by the 429 of a full band."""
-    values = struct_pb2.Struct()
+def add_band(route: _Any, band: Band, pool: str, retry_after_s: int) -> None:
+    """Add `band`, `pool` and `retry_after_s` to `route`'s metadata `llm`, printed by the
+    429 of a full band and by the access log; the keys already there stay."""
+    values = route.metadata.filter_metadata[names.METADATA_NAMESPACE]
     values[names.BAND_KEY] = band
     values[names.POOL_KEY] = pool
     values[names.RETRY_AFTER_KEY] = retry_after_s
-    metadata = base_pb2.Metadata()
-    metadata.filter_metadata[names.METADATA_NAMESPACE].CopyFrom(values)
-    return metadata

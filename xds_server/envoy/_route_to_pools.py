@@ -37,6 +37,7 @@ __all__ = [
     "RETRY_ON",
     "SESSION_KEY_REGEX",
     "route_action",
+    "route_metadata",
     "split",
     "split_pools",
     "to_pool",
@@ -63,6 +64,10 @@ PROMPT_PREFIX_REGEX = r"[^\x7f]+"
 # `{"prompt":"`: what the prompt's namespace printed as JSON starts with (routes cut the
 # header after the prefix: `balancing.prefix_key_bytes` more bytes).
 _PROMPT_JSON_OPENING = len(f'{{"{PROMPT_KEY}":"')
+
+# Where a session route's key comes from, by the route's name prefix (`_session_routes`),
+# as route metadata for the access log: never the key itself.
+_SESSION_KEY_FROM = {"session": "header", "session-key": "body", "prefix": "prompt_prefix"}
 
 # The end of the long-prompt route's content-length range (exclusive): no end.
 _MAX_INT64 = 2**63 - 1
@@ -116,12 +121,20 @@ class _ModelTo:
             name = f"{prefix}-{name}"
         cluster = _cluster(self.pool.name, self.band, lane)
         hashed = lane == "session"
-        return _route(
+        route = _route(
             name,
             match,
             route_action(self.config, cluster, self.model, adapter=self.adapter, hashed=hashed),
             self.model,
         )
+        route.metadata.CopyFrom(
+            route_metadata(
+                self.pool.name,
+                adapter=self.model if self.adapter else None,
+                session_key_from=_SESSION_KEY_FROM.get(prefix),
+            )
+        )
+        return route
 
 
 def _session_routes(to: _ModelTo, match: _Any, prefix_bytes: int) -> list[_Any]:
@@ -228,7 +241,25 @@ def split(
         timeout=_protos.duration(config.listener.request_timeout_s),
     )
     _add_retries(config, action)
-    return rc_pb2.Route(name=f"split-{kind}/{rewrite.model}", match=match, route=action)
+    route = rc_pb2.Route(name=f"split-{kind}/{rewrite.model}", match=match, route=action)
+    route.metadata.CopyFrom(route_metadata(" or ".join(split_pools(config, rewrite))))
+    return route
+
+
+def route_metadata(
+    pool: str, *, adapter: str | None = None, session_key_from: str | None = None
+) -> _Any:
+    """Route metadata `llm: {pool, adapter, session_key_from}` (names.ADAPTER_KEY), which
+    the access log prints; `adapter` and `session_key_from` only when given."""
+    values = struct_pb2.Struct()
+    values[names.POOL_KEY] = pool
+    if adapter is not None:
+        values[names.ADAPTER_KEY] = adapter
+    if session_key_from is not None:
+        values[names.SESSION_SOURCE_KEY] = session_key_from
+    metadata = base_pb2.Metadata()
+    metadata.filter_metadata[names.METADATA_NAMESPACE].CopyFrom(values)
+    return metadata
 
 
 def split_pools(config: RoutingConfig, rewrite: ModelRewrite) -> list[str]:

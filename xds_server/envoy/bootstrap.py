@@ -21,11 +21,14 @@ from typing import Any
 from xds_server.envoy import names
 
 __all__ = [
+    "ADMIN_CLUSTER",
     "BootstrapTls",
     "CLIENT_CERT_SECRET",
     "INTERNAL_LISTENER_EXTENSION",
     "MAX_DOWNSTREAM_CONNECTIONS",
     "SERVER_CA_SECRET",
+    "STATS_LISTENER",
+    "STATS_PATH",
     "render_bootstrap",
     "render_sds_files",
 ]
@@ -35,6 +38,16 @@ __all__ = [
 MAX_DOWNSTREAM_CONNECTIONS = 50_000
 
 INTERNAL_LISTENER_EXTENSION = "envoy.bootstrap.internal_listener"
+
+# The stats listener (`stats_port`): Prometheus scrapes Envoy's stats there, never the
+# admin interface, which can also change Envoy (drain, runtime, log levels) and stays on
+# loopback. The listener answers GET STATS_PATH alone, from the admin interface through
+# ADMIN_CLUSTER; every other request gets a 404.
+STATS_LISTENER = "envoy_stats"
+STATS_PATH = "/stats/prometheus"
+ADMIN_CLUSTER = "envoy_admin"
+_HCM_FILTER = "envoy.filters.network.http_connection_manager"
+_HCM = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 
 _HTTP_PROTOCOL_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -136,6 +149,8 @@ def render_bootstrap(
     admin_port: int,
     delta: bool = False,
     tls: BootstrapTls | None = None,
+    stats_port: int | None = None,
+    stats_address: str = "0.0.0.0",
 ) -> dict[str, Any]:
     """An Envoy v3 bootstrap that takes all of its configuration from the ADS server at
     `xds_address:xds_port` (an IP address, or a DNS name such as a Kubernetes Service).
@@ -143,7 +158,11 @@ def render_bootstrap(
     `delta` selects incremental xDS (DELTA_GRPC) instead of state of the world (GRPC).
     The admin interface listens on 127.0.0.1:`admin_port` only (0 picks a free port).
     `tls` connects to the server over mutual TLS (None: plaintext).
+    `stats_port` adds the stats listener on `stats_address:stats_port` (STATS_LISTENER;
+    None: none), which needs a fixed `admin_port` to forward to.
     """
+    if stats_port is not None and admin_port == 0:
+        raise ValueError("the stats listener forwards to the admin port: give a fixed admin port")
     try:
         ipaddress.ip_address(xds_address)
     except ValueError:
@@ -191,7 +210,13 @@ def render_bootstrap(
             }
         },
         "static_resources": {
+            **(
+                {"listeners": [_stats_listener(stats_address, stats_port)]}
+                if stats_port is not None
+                else {}
+            ),
             "clusters": [
+                *([_admin_cluster(admin_port)] if stats_port is not None else []),
                 {
                     "name": names.XDS_CLUSTER,
                     **discovery,
@@ -281,5 +306,64 @@ def render_bootstrap(
                     },
                 }
             ]
+        },
+    }
+
+
+def _stats_listener(address: str, port: int) -> dict[str, Any]:
+    """STATS_LISTENER on `address:port`: GET STATS_PATH to the admin interface, else 404."""
+    get = {"name": ":method", "string_match": {"exact": "GET"}}
+    routes = [
+        {"match": {"path": STATS_PATH, "headers": [get]}, "route": {"cluster": ADMIN_CLUSTER}},
+        {"match": {"prefix": "/"}, "direct_response": {"status": 404}},
+    ]
+    hcm = {
+        "@type": f"type.googleapis.com/{_HCM}",
+        "stat_prefix": STATS_LISTENER,
+        "codec_type": "AUTO",
+        "route_config": {
+            "name": STATS_LISTENER,
+            "virtual_hosts": [{"name": STATS_LISTENER, "domains": ["*"], "routes": routes}],
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            }
+        ],
+    }
+    return {
+        "name": STATS_LISTENER,
+        "address": {"socket_address": {"address": address, "port_value": port}},
+        "filter_chains": [{"filters": [{"name": _HCM_FILTER, "typed_config": hcm}]}],
+    }
+
+
+def _admin_cluster(admin_port: int) -> dict[str, Any]:
+    """The admin interface on loopback, as the stats listener's upstream."""
+    return {
+        "name": ADMIN_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": ADMIN_CLUSTER,
+            "endpoints": [
+                {
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {
+                                "address": {
+                                    "socket_address": {
+                                        "address": "127.0.0.1",
+                                        "port_value": admin_port,
+                                    }
+                                }
+                            }
+                        }
+                    ]
+                }
+            ],
         },
     }

@@ -32,6 +32,8 @@ One listener, one HTTP connection manager (HCM), and its HTTP filters:
    while it lasts, and when it ends. The policy learns from it which pod just took a long
    prompt, and when its prefill is over (xds/access_logs.py).
 
+Each request is logged as one JSON line (access_log.py, `listener.access_log`).
+
 Every reply Envoy makes itself gets an OpenAI-style JSON body (`local_reply_config`) with a
 stable `code`: 413 `request_too_large` for a body over the limit; 503
 `no_healthy_upstream` when a pool has no healthy endpoint (response flag UH: no ready pod);
@@ -99,6 +101,7 @@ from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-unty
 
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.envoy import _error_bodies, _protos, names
+from xds_server.envoy.access_log import request_log
 
 __all__ = [
     "EARLY_REPLIES",
@@ -266,6 +269,9 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
             streams=any(bounds_streams(p) for p in config.pools),
         ),
         local_reply_config=_local_replies(config),
+        # One JSON line per request (access_log.py); the spill listener's hop is not
+        # logged again.
+        access_log=[request_log(listen.access_log)] if listen.access_log.enabled else [],
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from xds_server.config import BANDS, Band, Lane, PoolConfig, RoutingConfig
 
 __all__ = [
+    "ADAPTER_KEY",
     "BAND_KEY",
     "ERROR_TYPE",
     "HARDWARE_KEY",
@@ -47,6 +48,7 @@ __all__ = [
     "SESSION_CLUSTER_SUFFIX",
     "SESSION_HEADER",
     "SESSION_KEY",
+    "SESSION_SOURCE_KEY",
     "SPILL_LISTENER_SUFFIX",
     "UNROUTED_CLUSTER",
     "VIRTUAL_HOST_NAME",
@@ -130,6 +132,11 @@ OBJECTIVE_HEADER = "x-gateway-inference-objective"
 BAND_KEY = "band"
 POOL_KEY = "pool"
 RETRY_AFTER_KEY = "retry_after_s"
+# Every route to a pool carries its POOL_KEY; a LoRA adapter's routes the adapter
+# (ADAPTER_KEY), a session route where its key comes from (SESSION_SOURCE_KEY: "header",
+# "body" or "prompt_prefix", never the key). The access log prints them (access_log.py).
+ADAPTER_KEY = "adapter"
+SESSION_SOURCE_KEY = "session_key_from"
 
 # The static cluster in the bootstrap that points at this xDS server.
 XDS_CLUSTER = "xds_cluster"

@@ -150,7 +150,7 @@ from xds_server.envoy._route_answers import (
     MODEL_CREATED,
     MODELS_PATH,
 )
-from xds_server.envoy._route_bands import RetryAfter, band_metadata, classified, retry_after_of
+from xds_server.envoy._route_bands import RetryAfter, add_band, classified, retry_after_of
 from xds_server.envoy._route_matches import FORWARDED_PATHS, by_model
 from xds_server.envoy._route_to_pools import (
     MAX_SESSION_KEY_CHARS,
@@ -318,7 +318,7 @@ def _split_routes(config: RoutingConfig, kind: str, waits: RetryAfter) -> Iterat
                 pools = split_pools(config, rewrite)
                 # The client waits for the slowest pool rather than retrying too soon.
                 wait = max(waits.of(pool, band) for pool in pools)
-                route.metadata.CopyFrom(band_metadata(band, " or ".join(pools), wait))
+                add_band(route, band, " or ".join(pools), wait)
             yield route
 
 
@@ -336,9 +336,7 @@ def _served_routes(
             for route in routes:
                 route.name += suffix
                 if band is not None:
-                    route.metadata.CopyFrom(
-                        band_metadata(band, pool.name, waits.of(pool.name, band))
-                    )
+                    add_band(route, band, pool.name, waits.of(pool.name, band))
                 yield route
 
 
