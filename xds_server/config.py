@@ -26,6 +26,7 @@ from yaml.reader import Reader
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
+from xds_server.apis import API_PATHS, DEFAULT_APIS, Api
 from xds_server.errors import ConfigError
 from xds_server.tuning import AdvancedOverrides, Tuning
 
@@ -145,6 +146,9 @@ class PoolConfig(_Strict):
     # LoRA adapters the pool's pods can serve: a request whose `model` names one goes to a
     # pod that holds it (LoRA affinity), else to the pods with the most headroom.
     adapters: tuple[ModelName, ...] = ()
+    # The OpenAI-style APIs the pool's servers answer (apis.py: each API's paths); a
+    # request on a path of another API never reaches them (a JSON 404 from the gateway).
+    api: Annotated[tuple[Api, ...], Field(min_length=1)] = DEFAULT_APIS
     # Consistent hashing with bounded load on the request's session key (`x-session-id`,
     # or the body's `prompt_cache_key` or `user`) so that a conversation, and the prompt
     # prefix it shares, meets the pod that has it cached. Requests without a key are
@@ -202,6 +206,14 @@ class PoolConfig(_Strict):
             if model.startswith("<") or any(ord(c) < 0x20 or ord(c) == 0x7F for c in model):
                 raise ValueError(f"model name {model!r} is reserved or has control characters")
         return models
+
+    @field_validator("api")
+    @classmethod
+    def _api_once(cls, api: tuple[str, ...]) -> tuple[str, ...]:
+        twice = sorted({a for a in api if api.count(a) > 1})
+        if twice:
+            raise ValueError(f"APIs listed twice: {', '.join(twice)}")
+        return api
 
     @field_validator("advanced")
     @classmethod
@@ -540,6 +552,16 @@ class RoutingConfig(_Strict):
                 raise ValueError(f"pool {pool.name!r}: advanced: {error}") from None
         return self
 
+    @model_validator(mode="after")
+    def _splits_share_an_api(self) -> RoutingConfig:
+        for rewrite in self.model_rewrites:
+            if not self.rewrite_api(rewrite):
+                raise ValueError(
+                    f"rewrite of {rewrite.model!r} splits over pools that serve no API in "
+                    "common (pools[].api)"
+                )
+        return self
+
     def tuning(self, pool: PoolConfig) -> Tuning:
         """The policy's numbers for `pool`: `balancing.advanced` with its `advanced`."""
         return self.balancing.advanced.with_overrides(pool.advanced)
@@ -562,6 +584,13 @@ class RoutingConfig(_Strict):
     def pool_of(self, model: str) -> PoolConfig | None:
         """The pool serving `model` (a model or a LoRA adapter), or None when no pool does."""
         return next((p for p in self.pools if model in p.models or model in p.adapters), None)
+
+    def rewrite_api(self, rewrite: ModelRewrite) -> tuple[Api, ...]:
+        """The APIs of `rewrite`'s split: those every pool it can send to (a target with
+        weight) serves, in apis.API_PATHS's order. Envoy picks the target by weight alone, so
+        a request on any other API could land on a pool that does not serve it."""
+        pools = [self.pool_of(t.model) for t in rewrite.targets if t.weight]
+        return tuple(a for a in API_PATHS if all(a in p.api for p in pools if p is not None))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,9 +2,10 @@
 
 Just enough of the API for Envoy's routing to be observable: chat and text completions
 (JSON, or server-sent events with `"stream": true`), the model list and a health check.
-Every response names the backend in `x-backend-id`, and every request is recorded, so a
-test can tell which endpoint served it and what arrived (headers, body size). The GPU
-simulator that makes balancing results meaningful lives in bench/; this is not it.
+Every response names the backend in `x-backend-id`, and every request is recorded (one on
+a path it does not serve too, refused with a 404), so a test can tell which endpoint served
+it and what arrived (headers, body size). The GPU simulator that makes balancing results
+meaningful lives in bench/; this is not it.
 
 Token counts follow the simulator's rule: one whitespace-separated word is one token.
 """
@@ -105,6 +106,9 @@ class ExampleBackend:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        # Anything else is recorded too (and refused): a test sees every request that
+        # reached the backend, on whatever path.
+        app.router.add_route("*", "/{tail:.*}", self._other)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
@@ -167,6 +171,12 @@ class ExampleBackend:
                 model=model,
             )
         )
+
+    async def _other(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        self._record(request, raw, None)
+        error = {"message": f"No {request.method} {request.path} here.", "type": "not_found"}
+        return web.json_response({"error": error}, status=404, headers=self._headers())
 
     async def _health(self, request: web.Request) -> web.Response:
         self._record(request, b"", None)

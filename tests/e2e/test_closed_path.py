@@ -1,6 +1,7 @@
 """The closed data path, through a real Envoy configured by this server over ADS.
 
-Only `POST /v1/chat/completions` and `POST /v1/completions` reach a model server. Envoy
+Only POSTs on the paths of the pools' APIs (by default `/v1/chat/completions`,
+`/v1/completions` and `/v1/responses`) reach a model server. Envoy
 answers `GET /v1/models` and `GET /v1/models/{id}` itself from the config, everything else
 with a JSON 404 (or 405), and every reply it makes itself, down to a 431 for headers too
 large, is an OpenAI-style JSON error. The client is the OpenAI Python SDK where it has a
@@ -20,13 +21,15 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from xds_server.apis import DEFAULT_APIS, paths_of
 from xds_server.envoy import names
 from xds_server.envoy.listeners import EARLY_REPLIES
-from xds_server.envoy.routes import FORWARDED_PATHS, MODELS_PATH
+from xds_server.envoy.routes import MODELS_PATH
 from xds_testbed import BACKEND_ID_HEADER
 
 BASE = "meta-llama/Llama-3.1-8B"  # a `/` in the id: the SDK sends it as %2F
 ADAPTER = "sql-lora"
+FORWARDED_PATHS = paths_of(DEFAULT_APIS)
 OTHER = "qwen3-32b"
 CANARY = "llama-canary"
 
@@ -181,6 +184,9 @@ async def test_other_paths_are_json_404s_that_reach_no_model_server(  # type: ig
         (b"GET /../metrics", naming, 404, "not_found"),
         (b"GET /v1/../metrics", naming, 404, "not_found"),
         (b"POST /metrics", json_body, 404, "not_found"),
+        # An API no pool lists (`pools[].api`), naming a served model.
+        (b"POST /v1/embeddings", json_body, 404, "not_found"),
+        (b"POST /rerank", json_body, 404, "not_found"),
         # Near misses of a forwarded path are other paths (no normalization).
         (b"POST /v1//chat/completions", json_body, 404, "not_found"),
         (b"POST /v1/./chat/completions", json_body, 404, "not_found"),

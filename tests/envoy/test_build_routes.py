@@ -62,6 +62,7 @@ def test_route_order(config: RoutingConfig) -> None:
     assert [r.name for r in _routes(config)] == [
         "error/method_not_allowed/v1/chat/completions",
         "error/method_not_allowed/v1/completions",
+        "error/method_not_allowed/v1/responses",
         *(f"{lane}{kind}/{m}" for kind in kinds for m in models for lane in ("long-", "")),
         "error/unknown_header_model",
         "error/missing_model",
@@ -76,9 +77,12 @@ def test_route_order(config: RoutingConfig) -> None:
         "error/not_found",
         "unrouted",
     ]
-    # Routes 1-7 take the forwarded paths only.
+    # Routes 1-7 take the forwarded paths only: the default APIs'.
     for route in _model_routes(config)[:-2]:
-        assert route.match.safe_regex.regex == "/v1/chat/completions|/v1/completions"
+        assert (
+            route.match.safe_regex.regex
+            == "/v1/chat/completions|/v1/completions|/v1/responses"
+        )
 
 
 def test_long_prompts_route_to_the_pools_long_prompt_cluster(config: RoutingConfig) -> None:

@@ -1,21 +1,28 @@
-"""The routes Envoy answers itself (routes.py's docstring, 0 and 3-9): OpenAI-style
+"""The routes Envoy answers itself (routes.py's docstring, 0, 2' and 3-9): OpenAI-style
 refusals, the model list and each model object, from the config alone.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any as _Any
 from urllib.parse import quote
 
 from envoy.config.core.v3 import base_pb2, substitution_format_string_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
-from envoy.type.matcher.v3 import value_pb2
+from envoy.type.matcher.v3 import string_pb2, value_pb2
 
+from xds_server.apis import paths_of
 from xds_server.config import RoutingConfig
 from xds_server.envoy import _error_bodies, names
-from xds_server.envoy._route_matches import FORWARDED_PATHS, READ, forwarded, path_match, string
+from xds_server.envoy._route_matches import (
+    READ,
+    forwarded,
+    group_name,
+    path_match,
+    string,
+)
 from xds_server.envoy._route_to_pools import split_pools
 
 __all__ = [
@@ -24,9 +31,11 @@ __all__ = [
     "MODELS_PATH",
     "MODEL_CREATED",
     "direct_response_bytes",
+    "forwarded_paths",
     "model_paths",
     "model_refusals",
     "not_found",
+    "unserved_paths",
     "wrong_methods",
 ]
 
@@ -60,60 +69,143 @@ _ECHOED_METHOD = f"%REQ(:METHOD):{_MAX_ECHOED_METHOD_CHARS}%"
 _ECHOED_PATH = f"%REQ(:PATH):{MAX_ECHOED_PATH_CHARS}%"
 
 
-def wrong_methods() -> list[_Any]:
-    """Route 0: 405 for a forwarded path with any method but POST."""
-    return [_other_methods(path, _FORWARDED_METHOD) for path in FORWARDED_PATHS]
+# The model a refusal names: the body's, or the model header's (`%REQ(<header>)%`).
+_ECHOED_BODY_MODEL = (
+    f"%DYNAMIC_METADATA({names.METADATA_NAMESPACE}:{names.MODEL_KEY}):{MAX_ECHOED_MODEL_CHARS}%"
+)
 
 
-def model_refusals(header: str) -> list[_Any]:
-    """Routes 3-7: the refusals of a request whose model no route above took, `header`
-    being the listener's model header."""
-    echoed_header = f"%REQ({header}):{MAX_ECHOED_MODEL_CHARS}%"
-    echoed_body = (
-        f"%DYNAMIC_METADATA({names.METADATA_NAMESPACE}:{names.MODEL_KEY}):{MAX_ECHOED_MODEL_CHARS}%"
+def _echoed_header(header: str) -> str:
+    return f"%REQ({header}):{MAX_ECHOED_MODEL_CHARS}%"
+
+
+def forwarded_paths(config: RoutingConfig) -> tuple[str, ...]:
+    """Every path some pool serves (apis.paths_of the pools' `api`), in apis.API_PATHS's
+    order: the paths routes 0 and 3-7 take."""
+    return paths_of(tuple({api for pool in config.pools for api in pool.api}))
+
+
+def wrong_methods(paths: Sequence[str]) -> list[_Any]:
+    """Route 0: 405 for a forwarded path (`paths`) with any method but POST."""
+    return [_other_methods(path, _FORWARDED_METHOD) for path in paths]
+
+
+def unserved_paths(config: RoutingConfig, header: str) -> Iterator[_Any]:
+    """Routes 2' (routes.py's docstring): 404 for a served model named on a forwarded path
+    its pool (or its split's pools) does not serve, by the body (one route per pool or
+    split, its names in an or_match) and by the `header` (one per name)."""
+    everything = forwarded_paths(config)
+    rewritten = {r.model for r in config.model_rewrites}
+    owners = [
+        (
+            f"pool/{pool.name}",
+            [m for m in (*pool.models, *pool.adapters) if m not in rewritten],
+            paths_of(pool.api),
+        )
+        for pool in config.pools
+    ]
+    owners += [
+        (f"split/{r.model}", [r.model], paths_of(config.rewrite_api(r)))
+        for r in config.model_rewrites
+    ]
+    for owner, models, served in owners:
+        unserved = [path for path in everything if path not in served]
+        if not unserved or not models:
+            continue
+        yield from _unserved(
+            f"error/unserved_path/{owner}",
+            forwarded(unserved, metadata=_any_of(models)),
+            _ECHOED_BODY_MODEL,
+        )
+        for model in models:
+            by_header = rc_pb2.HeaderMatcher(
+                name=header, string_match=string_pb2.StringMatcher(exact=model)
+            )
+            matches = forwarded(
+                unserved, metadata=string(exact=names.MODEL_MISSING), headers=[by_header]
+            )
+            yield from _unserved(
+                f"error/unserved_path/header/{model}", matches, _echoed_header(header)
+            )
+
+
+def _any_of(models: Sequence[str]) -> _Any:
+    """A ValueMatcher for a string equal to one of `models`."""
+    if len(models) == 1:
+        return string(exact=models[0])
+    return value_pb2.ValueMatcher(
+        or_match=value_pb2.OrMatcher(value_matchers=[string(exact=m) for m in models])
     )
-    return [
-        _refusal(
-            name="error/unknown_header_model",
-            match=forwarded(
+
+
+def _unserved(name: str, matches: Sequence[_Any], echoed_model: str) -> Iterator[_Any]:
+    for index, match in enumerate(matches):
+        yield _refusal(
+            name=group_name(name, index),
+            match=match,
+            status=404,
+            message=(
+                f"Invalid URL ({_ECHOED_METHOD} {_ECHOED_PATH}): the model `{echoed_model}` "
+                "is not served on this path."
+            ),
+            code="not_found",
+            param=None,
+        )
+
+
+def model_refusals(header: str, paths: Sequence[str]) -> list[_Any]:
+    """Routes 3-7: the refusals of a request on a forwarded path (`paths`) whose model no
+    route above took, `header` being the listener's model header."""
+    refusals = [
+        (
+            "error/unknown_header_model",
+            forwarded(
+                paths,
                 metadata=string(exact=names.MODEL_MISSING),
                 headers=[rc_pb2.HeaderMatcher(name=header, present_match=True)],
             ),
-            status=404,
-            message=f"The model `{echoed_header}` does not exist.",
-            code="model_not_found",
+            404,
+            f"The model `{_echoed_header(header)}` does not exist.",
+            "model_not_found",
         ),
-        _refusal(
-            name="error/missing_model",
-            match=forwarded(metadata=string(exact=names.MODEL_MISSING)),
-            status=400,
-            message=(
-                f"You must provide a model parameter: `model` in the JSON body, "
+        (
+            "error/missing_model",
+            forwarded(paths, metadata=string(exact=names.MODEL_MISSING)),
+            400,
+            (
+                "You must provide a model parameter: `model` in the JSON body, "
                 f"or the {header} header."
             ),
-            code="missing_model",
+            "missing_model",
         ),
+        (
+            "error/invalid_body",
+            forwarded(paths, metadata=string(exact=names.MODEL_INVALID)),
+            400,
+            "The request body is not valid JSON, or its content-type is not JSON.",
+            "invalid_json",
+        ),
+        (
+            "error/unknown_model",
+            forwarded(paths, metadata=string(regex=r"(?s).*")),
+            404,
+            f"The model `{_ECHOED_BODY_MODEL}` does not exist.",
+            "model_not_found",
+        ),
+        (
+            "error/model_not_string",
+            forwarded(paths, metadata=value_pb2.ValueMatcher(present_match=True)),
+            400,
+            "`model` must be a string.",
+            "invalid_type",
+        ),
+    ]
+    return [
         _refusal(
-            name="error/invalid_body",
-            match=forwarded(metadata=string(exact=names.MODEL_INVALID)),
-            status=400,
-            message="The request body is not valid JSON, or its content-type is not JSON.",
-            code="invalid_json",
-        ),
-        _refusal(
-            name="error/unknown_model",
-            match=forwarded(metadata=string(regex=r"(?s).*")),
-            status=404,
-            message=f"The model `{echoed_body}` does not exist.",
-            code="model_not_found",
-        ),
-        _refusal(
-            name="error/model_not_string",
-            match=forwarded(metadata=value_pb2.ValueMatcher(present_match=True)),
-            status=400,
-            message="`model` must be a string.",
-            code="invalid_type",
-        ),
+            name=group_name(name, index), match=match, status=status, message=message, code=code
+        )
+        for name, matches, status, message, code in refusals
+        for index, match in enumerate(matches)
     ]
 
 

@@ -2,12 +2,22 @@
 
 Every route but the last waits for json_to_metadata (listeners.py) to have read the request
 (`llm:model` present, any value); the model routes (1-7 of routes.py's docstring) take the
-forwarded paths only, by one RE2 alternation of the exact paths.
+forwarded paths only, exactly: a pool's own paths (apis.paths_of its `api`) for its
+models, every pool's paths for the refusals.
+
+Paths are matched as one RE2 alternation of the exact paths, or `path` when there is only
+one. Envoy refuses a regex whose RE2 program is larger than 100
+(`re2.max_program_size.error_level`), and every API's paths together make 122; a literal
+alternation's program is at most its length plus 4 (measured on Envoy 1.40: 34 for the two
+completions paths, 36 characters), so the paths are cut into alternations of at most
+MAX_ALTERNATION_CHARS characters, one route each. Three or four APIs fit in one.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Sequence
 from typing import Any as _Any
 
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
@@ -16,49 +26,72 @@ from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
 from xds_server.envoy import names
 
 __all__ = [
-    "FORWARDED_PATHS",
+    "MAX_ALTERNATION_CHARS",
     "READ",
     "by_model",
     "forwarded",
+    "group_name",
     "metadata_matcher",
+    "path_groups",
     "path_match",
     "string",
     "with_header",
     "with_metadata",
 ]
 
-# The allow-list: the only paths a request reaches a model server on, each POST only,
-# matched exactly (routes.py's docstring). Another OpenAI path (`/v1/embeddings`,
-# `/v1/responses`) is served once it is added here.
-FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions")
-
-# Routes 1-7 (routes.py's docstring): the forwarded paths, exactly, as one RE2 alternation.
-_FORWARDED_REGEX = "|".join(re.escape(path) for path in FORWARDED_PATHS)
+# The longest path alternation in one route (module docstring: RE2's program size).
+MAX_ALTERNATION_CHARS = 90
 
 
-def forwarded(*, metadata: _Any | None = None, headers: list[_Any] | None = None) -> _Any:
-    """A forwarded path (FORWARDED_PATHS); `metadata` is a ValueMatcher applied to
-    `llm:model`."""
-    match = rc_pb2.RouteMatch(
-        safe_regex=regex_pb2.RegexMatcher(regex=_FORWARDED_REGEX), headers=headers or []
-    )
-    if metadata is not None:
-        match.dynamic_metadata.append(metadata_matcher(names.MODEL_KEY, metadata))
-    return match
+@functools.cache
+def path_groups(paths: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """`paths` cut, in order, into groups whose alternation is at most MAX_ALTERNATION_CHARS
+    long (a path longer than that alone); cached, as many pools share one list."""
+    groups: list[list[str]] = []
+    length = 0
+    for path in paths:
+        added = len(re.escape(path))
+        if groups and length + 1 + added <= MAX_ALTERNATION_CHARS:
+            groups[-1].append(path)
+            length += 1 + added
+        else:
+            groups.append([path])
+            length = added
+    return tuple(tuple(group) for group in groups)
 
 
-def by_model(header: str, model: str, *, kind: str) -> _Any:
-    """Route kind `model` (the body names `model`) or `header` (only the header does)."""
+def forwarded(
+    paths: Sequence[str], *, metadata: _Any | None = None, headers: list[_Any] | None = None
+) -> list[_Any]:
+    """The matches of `paths` (one per path_groups group); `metadata` is a ValueMatcher
+    applied to `llm:model`, `headers` HeaderMatchers each match also asks for."""
+    matches = []
+    for group in path_groups(tuple(paths)):
+        match = rc_pb2.RouteMatch(headers=headers or [])
+        if len(group) == 1:
+            match.path = group[0]
+        else:
+            match.safe_regex.regex = "|".join(re.escape(path) for path in group)
+        if metadata is not None:
+            match.dynamic_metadata.append(metadata_matcher(names.MODEL_KEY, metadata))
+        matches.append(match)
+    return matches
+
+
+def group_name(name: str, index: int) -> str:
+    """The name of the route of path group `index` (forwarded): `name` for the first,
+    `name#<n>` for the n-th after it."""
+    return name if index == 0 else f"{name}#{index + 1}"
+
+
+def by_model(header: str, model: str, *, kind: str, paths: Sequence[str]) -> list[_Any]:
+    """The matches on `paths` of route kind `model` (the body names `model`) or `header`
+    (only the header does)."""
     if kind == "model":
-        return forwarded(metadata=string(exact=model))
-    return _by_header(header, model)
-
-
-def _by_header(header: str, model: str) -> _Any:
-    """Requests without a body `model` whose `header` names `model`."""
+        return forwarded(paths, metadata=string(exact=model))
     exact = string_pb2.StringMatcher(exact=model)
     by_header = rc_pb2.HeaderMatcher(name=header, string_match=exact)
-    return forwarded(metadata=string(exact=names.MODEL_MISSING), headers=[by_header])
+    return forwarded(paths, metadata=string(exact=names.MODEL_MISSING), headers=[by_header])
 
 
 def with_header(match: _Any, header: _Any) -> _Any:

@@ -1,12 +1,14 @@
 """The route table: the paths the gateway serves, model name to pool, and OpenAI-style
 refusals for everything else.
 
-**A closed data path.** Only FORWARDED_PATHS (`POST /v1/chat/completions`,
-`POST /v1/completions`) ever reach a model server, by exact path (the query string aside:
-Envoy matches `path` and `safe_regex` without it; no normalization, so `/v1//completions`,
-`/v1/./completions` or `/v1/chat%2Fcompletions` are other paths). Envoy answers
-`GET /v1/models` and `GET /v1/models/{id}` itself from the config, and everything else
-with a JSON 404: a model server's own `/metrics`, `/health` or admin paths are not
+**A closed data path.** A request reaches a model server only by POST on a path of an
+API its model's pool serves (`pools[].api`, apis.py: by default `/v1/chat/completions`,
+`/v1/completions` and `/v1/responses`), by exact path (the query string aside: Envoy
+matches `path` and `safe_regex` without it; no normalization, so `/v1//completions`,
+`/v1/./completions` or `/v1/chat%2Fcompletions` are other paths). The "forwarded paths"
+below are those of every pool's APIs together. Envoy answers `GET /v1/models` and
+`GET /v1/models/{id}` itself from the config, and everything else with a JSON 404: a model
+server's own `/metrics`, `/health` or admin paths, or an API no pool lists, are not
 reachable through the listener, whatever model the request names.
 
 json_to_metadata (listeners.py) leaves the body's `model` in dynamic metadata
@@ -17,9 +19,15 @@ there (any value): they match once json_to_metadata has read the request. Routes
 match wins:
 
 0. a forwarded path with a method other than POST → 405 `method_not_allowed`, `allow: POST`;
-1. per model M: `llm:model == M` → M's pool (the body names the model);
-2. per model M: `llm:model == MODEL_MISSING` and header `model_header == M` → M's pool
-   (the header is used only when the body has no `model`: the body wins);
+1. per model M: `llm:model == M` on a path of M's pool → M's pool (the body names the
+   model);
+2. per model M: `llm:model == MODEL_MISSING` and header `model_header == M` on a path of
+   M's pool → M's pool (the header is used only when the body has no `model`: the body
+   wins);
+2'. a model named (as in 1 or 2) on a forwarded path its pool does not serve → 404
+   `not_found` (`Invalid URL (POST /v1/embeddings): the model `M` is not served on this
+   path.`): per pool, its models in one or_match for the body's, and per model for the
+   header's; only for pools that serve fewer paths than all pools together;
 3. `MODEL_MISSING` with the header set → 404 naming the header's model;
 4. `MODEL_MISSING` → 400 (no model given);
 5. `MODEL_INVALID` → 400 (body not JSON, or not a JSON content-type);
@@ -36,12 +44,13 @@ match wins:
    (`Invalid URL (GET /metrics).`);
 10. no metadata at all → the never-existing cluster names.UNROUTED_CLUSTER.
 
-Routes 1-7 match FORWARDED_PATHS only (one RE2 alternation of the exact paths), and route
-0 leaves them POSTs. The model paths come after them: Envoy tries routes in order, and a
-completion, the traffic that counts, should not first be compared with two routes per
-model. All direct responses of 0-9 carry `llm:model`, which the local reply mappers
-(listeners.py) use to tell them from the replies Envoy makes before its filters read a
-request.
+Routes 1-7 match forwarded paths only, as alternations of the exact paths
+(_route_matches.py: RE2's program size limit cuts a long list into a few, one route each,
+named `<name>#2` and on), and route 0 leaves them POSTs. The model paths come after them:
+Envoy tries routes in order, and a completion, the traffic that counts, should not first
+be compared with two routes per model. All direct responses of 0-9 carry `llm:model`,
+which the local reply mappers (listeners.py) use to tell them from the replies Envoy makes
+before its filters read a request.
 
 Route 10 is not an error path. The connection manager picks a route from the headers
 alone, before json_to_metadata has read the body, and the body buffer limit of the
@@ -68,7 +77,8 @@ Every route to a pool sets names.ROUTED_MODEL_HEADER to the model it was routed 
 (`split-model/M`, `split-header/M`, each first among the routes of its kind) with
 weighted clusters: one per target, to the target's pool (its LoRA subset for an
 adapter), setting names.ROUTED_MODEL_HEADER to the target. Envoy picks the target per
-request by weight.
+request by weight, so a split takes the paths of the APIs all its targets' pools serve
+(RoutingConfig.rewrite_api; the config refuses a split with none in common).
 
 "Model" above means a pool's models and its LoRA adapters alike. Two refinements:
 
@@ -127,7 +137,7 @@ slowest rather than retrying too soon), and its `pool` lists them.
 
 **Where the parts are.** This module composes the table (build_routes) and the spill
 listeners' routes; the routes are built in _route_matches (which requests a route takes),
-_route_answers (the routes Envoy answers itself: 0, 3-9), _route_to_pools (routes 1 and 2:
+_route_answers (the routes Envoy answers itself: 0, 2', 3-9), _route_to_pools (routes 1 and 2:
 lanes, streamed twins, splits, retries) and _route_bands (flow control).
 """
 
@@ -141,6 +151,7 @@ from envoy.config.route.v3 import route_pb2
 from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
+from xds_server.apis import paths_of
 from xds_server.config import Band, PoolConfig, RoutingConfig
 from xds_server.envoy import _route_answers as answers
 from xds_server.envoy import names
@@ -151,7 +162,7 @@ from xds_server.envoy._route_answers import (
     MODELS_PATH,
 )
 from xds_server.envoy._route_bands import RetryAfter, add_band, classified, retry_after_of
-from xds_server.envoy._route_matches import FORWARDED_PATHS, by_model
+from xds_server.envoy._route_matches import by_model, group_name
 from xds_server.envoy._route_to_pools import (
     MAX_SESSION_KEY_CHARS,
     PREVIOUS_HOSTS_PREDICATE,
@@ -166,7 +177,6 @@ from xds_server.envoy._route_to_pools import (
 from xds_server.errors import ResourceBuildError
 
 __all__ = [
-    "FORWARDED_PATHS",
     "MAX_ECHOED_MODEL_CHARS",
     "MAX_ECHOED_PATH_CHARS",
     "MAX_SESSION_KEY_CHARS",
@@ -211,10 +221,13 @@ def build_routes(
     served = _served(config)
     _check_model_names(config, served)
     waits = RetryAfter(config, retry_after or {})
+    paths = answers.forwarded_paths(config)
+    header = config.listener.model_header
     routes = [
-        *answers.wrong_methods(),
+        *answers.wrong_methods(paths),
         *_model_routes(config, served, waits),
-        *answers.model_refusals(config.listener.model_header),
+        *answers.unserved_paths(config, header),
+        *answers.model_refusals(header, paths),
         *answers.model_paths(config),
         answers.not_found(),
         _unrouted(),
@@ -310,16 +323,18 @@ def _split_routes(config: RoutingConfig, kind: str, waits: RetryAfter) -> Iterat
     """`split-<kind>/<model>` of each rewritten model (per band with flow control)."""
     header = config.listener.model_header
     for rewrite in config.model_rewrites:
-        match = by_model(header, rewrite.model, kind=kind)
-        for suffix, band, banded in _bands(config, rewrite.model, match):
-            route = split(config, rewrite, kind=kind, match=banded, band=band)
-            route.name += suffix
-            if band is not None:
-                pools = split_pools(config, rewrite)
-                # The client waits for the slowest pool rather than retrying too soon.
-                wait = max(waits.of(pool, band) for pool in pools)
-                add_band(route, band, " or ".join(pools), wait)
-            yield route
+        paths = paths_of(config.rewrite_api(rewrite))
+        matches = by_model(header, rewrite.model, kind=kind, paths=paths)
+        for index, match in enumerate(matches):
+            for suffix, band, banded in _bands(config, rewrite.model, match):
+                route = split(config, rewrite, kind=kind, match=banded, band=band)
+                route.name = group_name(route.name + suffix, index)
+                if band is not None:
+                    pools = split_pools(config, rewrite)
+                    # The client waits for the slowest pool rather than retrying too soon.
+                    wait = max(waits.of(pool, band) for pool in pools)
+                    add_band(route, band, " or ".join(pools), wait)
+                yield route
 
 
 def _served_routes(
@@ -328,16 +343,17 @@ def _served_routes(
     """The routes of each served model to its pool (per band with flow control)."""
     header = config.listener.model_header
     for pool, model, adapter in served:
-        match = by_model(header, model, kind=kind)
-        for suffix, band, banded in _bands(config, model, match):
-            routes = to_pool(
-                config, pool, model, adapter=adapter, kind=kind, match=banded, band=band
-            )
-            for route in routes:
-                route.name += suffix
-                if band is not None:
-                    add_band(route, band, pool.name, waits.of(pool.name, band))
-                yield route
+        matches = by_model(header, model, kind=kind, paths=paths_of(pool.api))
+        for index, match in enumerate(matches):
+            for suffix, band, banded in _bands(config, model, match):
+                routes = to_pool(
+                    config, pool, model, adapter=adapter, kind=kind, match=banded, band=band
+                )
+                for route in routes:
+                    route.name = group_name(route.name + suffix, index)
+                    if band is not None:
+                        add_band(route, band, pool.name, waits.of(pool.name, band))
+                    yield route
 
 
 def _bands(
