@@ -278,6 +278,28 @@ class Tuning(BaseModel):
         " believed (a pool does not wedge all at once; an exporter can).",
         evidence="design, as verdicts.py judges at most half a pool",
     )
+    probation_weight: float = _knob(
+        0.25,
+        gt=0.0,
+        le=1.0,
+        unit="x the median weight of the pool's pods in rotation",
+        meaning="The weight of a pod on probation: (re)started, its metrics page late, its"
+        " health check answering. Small, so that a cold pod warms up on real requests and"
+        " one that hangs them holds few until the Envoys' reports judge it.",
+        evidence="tests/e2e/test_probation.py: a restarted pod whose /metrics hangs serves"
+        " again within seconds; wedged, it is judged stalled as on full weight",
+    )
+    probation_max_s: float = _knob(
+        120.0,
+        gt=0.0,
+        le=3600.0,
+        unit="seconds",
+        meaning="The longest a pod stays on probation without a page (from its first health"
+        " answer): a page that never comes is an exporter to fix, not a pod to weigh"
+        " blind for ever.",
+        evidence="issue 36: a real vLLM restarted under load gave its first page after"
+        " ~40 s; three times that",
+    )
     # LoRA adapters (adapters.py, adapter_demand.py).
     adapter_activity_smoothing: float = _knob(
         0.05,

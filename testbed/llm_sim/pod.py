@@ -38,6 +38,10 @@ socket is `engine.Engine`, stepped by one asyncio task per pod:
   answered or written and the engine does not step until `thaw()`; the frozen time is
   lost, not caught up in a burst, and a step in progress at the freeze delivers its tokens
   at the thaw (the GPU is not stopped, only the process). `revive()` clears them all.
+- A late metrics page: `revive(metrics_after_s=N)` serves completions and `/health` at once
+  but answers `/metrics` only N seconds after the revival (a request waits until then), as
+  a real vLLM restarted under load did for ~40 s (issue 36); `hold_metrics(N)` does the
+  same without a restart.
 
 `handle_completion` is the one path from a parsed request to a response; the pod's own
 handlers use it, and so does the oracle router, which calls it in-process for the pod it
@@ -45,7 +49,8 @@ picked (no second HTTP hop). `state_snapshot()` is the exact state.
 
 Mutable state: `state`, `_streams` (request id -> delivery), `_failure` (why the step loop
 died, if it did: the pod then answers 503), the lag counters, `_http`, the fault switches
-`_resetting` and `_thawed` (set when not frozen), the engine (changed only by `add`/`abort`
+`_resetting`, `_thawed` (set when not frozen) and `_metrics_at` (the loop time before which
+`/metrics` does not answer), the engine (changed only by `add`/`abort`
 in handlers, `stall` in `wedge`/`unwedge` and `step` in the loop, all on the event loop's
 thread; replaced by `revive`) and the aiohttp runner.
 """
@@ -263,6 +268,7 @@ class SimulatedPod:
         self.kv_claim = 1.0
         self._thawed = asyncio.Event()
         self._thawed.set()
+        self._metrics_at = 0.0
         self._ids = itertools.count(1)
         self._http = HttpStats()
         self._steps = 0
@@ -373,10 +379,11 @@ class SimulatedPod:
         logger.info("Simulated pod %s killed: %d connections cut.", self.name, cut)
         return cut
 
-    async def revive(self) -> None:
+    async def revive(self, *, metrics_after_s: float = 0.0) -> None:
         """Serve again on the same port after `kill()`, with a fresh engine (empty KV and
         prefix caches, no adapters loaded), `/metrics` counters from zero and no gray
-        failure (a restarted process is neither wedged nor frozen)."""
+        failure (a restarted process is neither wedged nor frozen). `/metrics` answers only
+        `metrics_after_s` after this (`hold_metrics`)."""
         if self.state is not PodState.KILLED:
             raise RuntimeError(
                 f"Cannot revive simulated pod {self.name}: it is {self.state.value}, not killed."
@@ -388,9 +395,19 @@ class SimulatedPod:
         self._thawed.set()
         self._http = HttpStats()
         self._created = int(time.time())
+        self.hold_metrics(metrics_after_s)
         await self._serve(self.port)
         self.state = PodState.OPEN
         logger.info("Simulated pod %s revived on port %d.", self.name, self.port)
+
+    def hold_metrics(self, seconds: float) -> None:
+        """Answer `/metrics` only `seconds` from now: a scrape sent meanwhile waits until
+        then (and times out first, if its timeout is shorter); everything else answers."""
+        if seconds < 0:
+            raise ValueError(f"seconds must not be negative, not {seconds}.")
+        self._metrics_at = asyncio.get_running_loop().time() + seconds
+        if seconds:
+            logger.info("Simulated pod %s holds /metrics for %g s.", self.name, seconds)
 
     def reset_prefilling(self) -> int:
         """Cut (TCP abort) the connection of every request that has not produced its first
@@ -867,6 +884,9 @@ class SimulatedPod:
         return web.Response(headers={BACKEND_ID_HEADER: self.name})
 
     async def _metrics(self, http_request: web.Request) -> web.Response:
+        loop = asyncio.get_running_loop()
+        if self._metrics_at > loop.time():
+            await _sleep_until(loop, self._metrics_at)
         page = self.render_metrics()
         names = http_request.query.getall("name[]", [])
         if names and self.flavour in FILTERABLE:

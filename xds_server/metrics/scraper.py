@@ -34,10 +34,17 @@ measures the CPU per scrape) and must never stall or crash on a bad pod.
   idle fleet costs half that; what changes faster than the interval is Envoy's to
   handle, through its per-request least-request counting (DESIGN.md, principle 2).
 
-After each successful scrape, and after each that could not connect at all (the pod is
-down), the optional, synchronous `on_update(pod_id)` runs (the controller decides again
-there); callbacks that raise are logged once per streak and do not stop
-scraping. `set_targets` may be called at any time, before or inside `async with`.
+- A pod that has given no page since it (re)started (new, or down since its last page)
+  and whose page does not come in time is asked its health check (`ScrapeTarget.
+  health_url`, the serving port's `/health`) after each such scrape: a restarted vLLM
+  under load answered `/health` at once and `/metrics` only ~40 s later (issue 36). The
+  store keeps the answer; policy/health.py gives such a pod a probation share. A page
+  that answers with an error or is not believed gets no health check: the pod answered.
+
+After each successful scrape, after each that could not connect at all (the pod is
+down), and after each health answer, the optional, synchronous `on_update(pod_id)` runs
+(the controller decides again there); callbacks that raise are logged once per streak
+and do not stop scraping. `set_targets` may be called at any time, before or inside `async with`.
 """
 
 from __future__ import annotations
@@ -103,6 +110,9 @@ DEFAULT_MAX_PAGE_BYTES = 1 << 20
 _EMPTY_OVERRIDES: Overrides = MappingProxyType({})
 
 
+# The most bytes of a health check's answer read (vLLM's is empty).
+_MAX_HEALTH_BYTES = 64 << 10
+
 # Engines whose /metrics is prometheus-client's exposition, which honours `name[]`.
 _FILTERABLE = frozenset({EngineKind.VLLM, EngineKind.SGLANG})
 
@@ -116,7 +126,9 @@ class ScrapeTarget:
     With `by_name`, an engine that serves its page with prometheus-client (vLLM, SGLang)
     is asked for only the series the adapter reads (`?name[]=...`, prometheus-client's
     own filter): 3 KB instead of 60, a fraction of the CPU per scrape. A server that
-    ignores the parameter sends its whole page, read as before.
+    ignores the parameter sends its whole page, read as before. `health_url` (None: none)
+    is asked while the pod's page is late and it has given none since it (re)started
+    (module docstring); a 200 answer in time is a yes.
     Raises `ConfigError` at construction for a URL that is not http(s) with a host, an
     unknown engine, or a bad override. `adapter` (the engine's reader) and `parsed_url` are
     derived once, here, rather than on every scrape.
@@ -126,16 +138,15 @@ class ScrapeTarget:
     engine: EngineKind | str = EngineKind.VLLM
     overrides: Overrides = field(default_factory=lambda: _EMPTY_OVERRIDES)
     by_name: bool = False
+    health_url: str | None = None
     adapter: EngineAdapter = field(init=False, repr=False, compare=False)
     parsed_url: URL = field(init=False, repr=False, compare=False)
+    parsed_health_url: URL | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        try:
-            parsed = URL(self.url)
-        except (ValueError, TypeError) as exc:
-            raise ConfigError(f"Metrics URL {self.url!r} is not a URL: {exc}") from exc
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ConfigError(f"Metrics URL {self.url!r} must be http:// or https:// with a host.")
+        parsed = _http_url(self.url, "Metrics")
+        health = None if self.health_url is None else _http_url(self.health_url, "Health")
+        object.__setattr__(self, "parsed_health_url", health)
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
         adapter = engine_adapter(self.engine, overrides=self.overrides)
         if self.by_name and adapter.engine in _FILTERABLE:
@@ -145,6 +156,17 @@ class ScrapeTarget:
 
     def __hash__(self) -> int:
         return hash((self.url, str(self.engine), self.by_name))
+
+
+def _http_url(url: str, what: str) -> URL:
+    """`url` parsed; `ConfigError` unless it is http(s) with a host."""
+    try:
+        parsed = URL(url)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{what} URL {url!r} is not a URL: {exc}") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"{what} URL {url!r} must be http:// or https:// with a host.")
+    return parsed
 
 
 class ScraperState(enum.Enum):
@@ -428,11 +450,14 @@ class Scraper:
             if self._on_update is not None:
                 self._callback(pod_id, "on_update", self._on_update)
             return None, quiet
+        late = kind is ScrapeErrorKind.TIMEOUT
         streak = self.store.record_error(
-            pod_id, message, now=self._clock(), down=kind is ScrapeErrorKind.CONNECT
+            pod_id, message, now=self._clock(), down=kind is ScrapeErrorKind.CONNECT, late=late
         )
         if self._observe_error is not None:
             self._callback(pod_id, "observe_error", self._observe_error, kind)
+        if late and target.parsed_health_url is not None and self.store.awaits_page(pod_id):
+            await self._check_health(pod_id, target.parsed_health_url)
         if streak.down and self._on_update is not None:
             # A pod that refuses or resets connections is gone: the policy takes it out of
             # rotation now, not once its metrics are stale.
@@ -456,6 +481,27 @@ class Scraper:
         else:
             logger.debug("Scrape of pod %s failed (%d in a row): %s", pod_id, streak.count, message)
         return streak, False
+
+    async def _check_health(self, pod_id: str, url: URL) -> None:
+        """Ask a pod whose page is late, and has given none since it (re)started, its
+        health check, and record the answer (module docstring). The first answer since it
+        (re)started is logged."""
+        try:
+            await self._fetcher.fetch(url, timeout_s=self._timeout_s, max_bytes=_MAX_HEALTH_BYTES)
+        except MetricsError as exc:
+            answered = False
+            logger.debug("Health check of pod %s (%s) failed: %s", pod_id, url, exc)
+        else:
+            answered = True
+        if self.store.record_health(pod_id, answered=answered, now=self._clock()):
+            logger.info(
+                "Pod %s answers its health check (%s) but has given no metrics page since it"
+                " (re)started: on probation until one comes.",
+                pod_id,
+                url,
+            )
+        if answered and self._on_update is not None:
+            self._callback(pod_id, "on_update", self._on_update)
 
     def _callback(
         self, pod_id: str, name: str, callback: Callable[..., None], *args: object

@@ -22,7 +22,11 @@ kept per pod (a string id such as "10.0.0.1:8000"):
   With no new prompt tokens the rate stays at its last value; it is None until a second
   scrape has shown prompt tokens. The same window over the engine's finished requests
   gives the prompt tokens its cache saved per request (`cached_tokens_per_request`:
-  hits over requests), which says whether keeping keys on their pods pays.
+  hits over requests), which says whether keeping keys on their pods pays;
+- whether the pod has given a page since it (re)started (a new pod, or one whose scrape
+  could not connect since its last page: its process went away) and, while it has not,
+  whether it answers its health check (`record_health`), since when: its probation
+  (`probation_s`, policy/health.py).
 
 Pure state, no I/O and no clock: every method takes `now` (monotonic seconds, the clock the
 scraper uses), so tests drive time by hand. Not thread-safe; it lives on the event loop.
@@ -82,15 +86,23 @@ class PodObservation:
     # Prompt tokens the prefix cache saved per finished request, over the hit-rate window
     # (None until known, or when the engine exports no request counter).
     cached_tokens_per_request: float | None = None
+    # A pod with no page since it (re)started whose last health check answered: from its
+    # first answer to its last check (it grows only with checks, like `silent_s`). None
+    # otherwise: a page came, the pod is down, or its health check did not answer.
+    probation_s: float | None = None
 
 
 class _Pod:
     """One pod's mutable record."""
 
     __slots__ = (
+        "answered",
+        "answered_since",
+        "checked_at",
         "hits",
         "hits_window",
         "metrics",
+        "paged",
         "progress",
         "progress_at",
         "queries",
@@ -121,13 +133,25 @@ class _Pod:
         # it ran nothing, or does not say).
         self.progress: float | None = None
         self.progress_at = 0.0
+        # Whether a page came since the pod (re)started; while none has: whether its last
+        # health check answered, its first answer's time and its last check's.
+        self.paged = False
+        self.answered = False
+        self.answered_since: float | None = None
+        self.checked_at = 0.0
+
+    def restarted(self) -> None:
+        """The pod's process went away (a scrape could not connect): a new one starts
+        without a page and without a health answer."""
+        self.paged = self.answered = False
+        self.answered_since = None
 
 
 class MetricsStore:
     """Per-pod metrics, freshness, error streaks and prefix-cache hit rates.
 
     Mutable state: `_pods` (pod id -> its record) and `revision`. Changed only by
-    `record_success`, `record_error` and `forget`.
+    `record_success`, `record_error`, `record_health` and `forget`.
 
     `revision` grows whenever what a snapshot tells besides ages changes: a scrape that
     reads the same page as the last one leaves it as it is, so a reader (the controller)
@@ -168,16 +192,19 @@ class MetricsStore:
         pod.progress = tokens
         pod.metrics = metrics
         pod.scraped_at = now
+        pod.paged, pod.answered, pod.answered_since = True, False, None
         self._update_rate(pod, metrics, now)
         if ended is not None or before != (metrics, pod.rate, _stalled_s(pod)):
             self.revision += 1
         return ended
 
     def record_error(
-        self, pod_id: str, message: str, *, now: float, down: bool = False
+        self, pod_id: str, message: str, *, now: float, down: bool = False, late: bool = False
     ) -> ErrorStreak:
         """Record a failed scrape of `pod_id` at `now`; the pod's last metrics stay. `down`:
-        it could not connect at all.
+        it could not connect at all; `late`: no page came in time (a timeout), so a health
+        answer stands until the next check (`record_health`); any other failure (an error
+        status, a page not believed) ends it: the pod answered, and not with a page.
 
         Returns the streak it belongs to: `count == 1` means it starts one (log it).
         """
@@ -193,8 +220,32 @@ class MetricsStore:
             last_at=now,
             down=down,
         )
+        if down:
+            pod.restarted()
+        elif not late:
+            pod.answered = False
         self.revision += 1
         return pod.streak
+
+    def awaits_page(self, pod_id: str) -> bool:
+        """Whether `pod_id` has given no page since it (re)started, and is not down: the
+        pod whose health check `record_health` keeps."""
+        pod = self._pods.get(pod_id)
+        return pod is not None and not pod.paged and not (pod.streak and pod.streak.down)
+
+    def record_health(self, pod_id: str, *, answered: bool, now: float) -> bool:
+        """Record a health check of a pod that awaits its page (`awaits_page`; of any
+        other, ignored): `answered` says it answered 2xx in time. Returns True when this
+        is its first answer since it (re)started: its probation starts."""
+        if not self.awaits_page(pod_id):
+            return False
+        pod = self._pods[pod_id]
+        pod.answered, pod.checked_at = answered, now
+        first = answered and pod.answered_since is None
+        if first:
+            pod.answered_since = now
+        self.revision += 1
+        return first
 
     def forget(self, pod_id: str) -> None:
         """Drop everything known about `pod_id` (it is no longer a target). No-op if unknown."""
@@ -274,4 +325,13 @@ def _observe(pod: _Pod, now: float) -> PodObservation:
         silent_s=silent_s,
         down=streak is not None and streak.down,
         stalled_s=_stalled_s(pod),
+        probation_s=_probation_s(pod),
     )
+
+
+def _probation_s(pod: _Pod) -> float | None:
+    """`PodObservation.probation_s` of the pod."""
+    down = pod.streak is not None and pod.streak.down
+    if pod.paged or down or not pod.answered or pod.answered_since is None:
+        return None
+    return max(0.0, pod.checked_at - pod.answered_since)

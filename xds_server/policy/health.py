@@ -14,6 +14,18 @@
   sizes its weight. So is a pod silent for longer than `stale_after_s` (`silent_s` grows
   only while scrapes are tried, so a stalled server does not take its own silence for the
   pods'), and one whose KV capacity its peers contradict (capacity.py).
+- A pod on probation is HEALTHY at a small weight (`Tuning.probation_weight` times the
+  median of its pool's: scoring.py): it has given no believed page since it (re)started,
+  its page is late (a scrape timed out: an error status or a page refused is no
+  probation), and its health check answers (`PodSignals.probation_s`). A real vLLM
+  restarted under load answered `/health` at once and `/metrics` ~40 s later, and was out
+  of rotation all that time (issue 36): a Ready pod idle beside queueing peers. The small
+  share warms its caches and proves it on real requests; it is judged by the Envoys'
+  reports like any pod (verdicts.py: a pod that hangs or fails what it is sent is out
+  at the next decision, probation or not), and Envoy retries elsewhere what it does not
+  begin within `first_byte_s`. Its first believed page ends the probation (then it is
+  weighed as any pod); no page within `Tuning.probation_max_s` of its first health answer
+  puts it out (`probation_ended`): a page that never comes is an exporter to fix.
 - When no pod of a pool that is not down has fresh metrics, `balancing.all_stale`
   decides: fail_open keeps them HEALTHY on their last weights (a metrics outage should
   not become a serving outage), fail_closed marks them UNHEALTHY; a pod known to be down
@@ -41,6 +53,8 @@ class Rotation:
 
     # Pods with fresh, believed metrics and not down: the ones scored anew.
     fresh: Mapping[str, PodSignals]
+    # Pods on probation (module docstring): in rotation at a small weight.
+    probation: Set[str]
     # Pods out of rotation whatever their metrics say (down, stalled, failing).
     down: Set[str]
     # Why the Envoys' reports or the engine's counters took a pod out ("stalled", ...).
@@ -85,9 +99,19 @@ def _out_reason(
 
 
 def _unrotated_reason(
-    key: str, signals: PodSignals | None, unbelieved: Mapping[str, float], stale_after_s: float
+    key: str,
+    signals: PodSignals | None,
+    unbelieved: Mapping[str, float],
+    stale_after_s: float,
+    tuning: Tuning,
 ) -> Reason:
     """Why a pod that is not down is not in rotation."""
+    if signals is not None and signals.probation_s is not None:
+        return Reason(
+            "probation_ended",
+            f"no metrics page {signals.probation_s:.1f} s after its first health answer"
+            f" > {tuning.probation_max_s:g} s",
+        )
     if signals is None or not signals.scraped:
         return Reason("unscraped", "no believed metrics page yet")
     if key in unbelieved:
@@ -97,6 +121,41 @@ def _unrotated_reason(
             f" {unbelieved[key]:g}",
         )
     return Reason("stale", f"silent for {signals.silent_s:.1f} s > {stale_after_s:g} s")
+
+
+def _probation_reason(signals: PodSignals, tuning: Tuning) -> Reason:
+    assert signals.probation_s is not None
+    return Reason(
+        "probation",
+        f"no metrics page since it (re)started, its health check answers:"
+        f" {signals.probation_s:.1f} s of {tuning.probation_max_s:g} s at"
+        f" {tuning.probation_weight:g}x the median weight",
+    )
+
+
+def _fresh(
+    keys: Set[str], signals: Mapping[str, PodSignals], settings: BalancingConfig
+) -> dict[str, PodSignals]:
+    """The pods of `keys` with a believed page no older than `stale_after_s`, in the
+    signals' order."""
+    return {
+        key: s
+        for key, s in signals.items()
+        if key in keys and s.scraped and s.silent_s <= settings.stale_after_s
+    }
+
+
+def _on_probation(
+    keys: Set[str], signals: Mapping[str, PodSignals], tuning: Tuning
+) -> frozenset[str]:
+    """The pods of `keys` on probation and within its time (module docstring)."""
+    return frozenset(
+        key
+        for key in keys
+        if (s := signals.get(key)) is not None
+        and s.probation_s is not None
+        and s.probation_s <= tuning.probation_max_s
+    )
 
 
 def rotation(
@@ -115,14 +174,11 @@ def rotation(
     counted = stuck(keys - long_prompts.keys(), signals, settings, tuning)
     verdicts = {**counted, **verdicts}
     down = {key for key, s in signals.items() if s.down} | (verdicts.keys() & keys)
-    fresh = {
-        key: s
-        for key, s in signals.items()
-        if s.scraped and s.silent_s <= settings.stale_after_s and key in keys and key not in down
-    }
+    fresh = _fresh(keys - down, signals, settings)
     unbelieved = unbelieved_capacities(pool, fresh, settings, min_peers=tuning.min_capacity_peers)
     for key in unbelieved:
         del fresh[key]
+    probation = _on_probation(keys - down - fresh.keys(), signals, tuning)
     all_stale = not fresh and any(endpoint_id(e) not in down for e in pool.endpoints)
     fail_open = all_stale and settings.all_stale == "fail_open"
     health: dict[str, tuple[Health, Reason | None]] = {}
@@ -135,14 +191,17 @@ def rotation(
             health[key] = (Health.UNHEALTHY, _out_reason(key, observed, verdicts, counted.keys()))
         elif key in fresh:
             health[key] = (Health.HEALTHY, None)
+        elif key in probation:
+            health[key] = (Health.HEALTHY, _probation_reason(signals[key], tuning))
         elif fail_open:
             reason = Reason("all_stale_fail_open", "no pod of the pool has fresh metrics")
             health[key] = (Health.HEALTHY, reason)
         else:
-            reason = _unrotated_reason(key, observed, unbelieved, settings.stale_after_s)
+            reason = _unrotated_reason(key, observed, unbelieved, settings.stale_after_s, tuning)
             health[key] = (Health.UNHEALTHY, reason)
     return Rotation(
         fresh=fresh,
+        probation=probation,
         down=down,
         verdicts=verdicts,
         unbelieved=unbelieved,

@@ -28,6 +28,10 @@ ReasonCode = Literal[
     "unscraped",
     "capacity_unbelieved",
     "all_stale_fail_open",
+    # A restarted pod whose page is late and whose health check answers: in rotation at a
+    # small weight (health.py); out once that lasted too long.
+    "probation",
+    "probation_ended",
     # Spilling session keys (spill.py), or a long prompt prefilling.
     "spill_queue",
     "spill_batch_full",

@@ -90,16 +90,25 @@ def _weights(
     spilled: Spilling,
     long_prompts: Mapping[str, int],
     settings: BalancingConfig,
+    tuning: Tuning,
 ) -> dict[str, float]:
     """Each pod's weight before scaling: its score, cut once per long prompt prefilling
     and once more when it spills for load (unkeyed requests sent to a full batch would
     wait for the slot its keys were moved off to spare). A pod without a score was never
     believed: the lowest weight, but when the pool fails open and it is not down, on a
-    par with the others."""
+    par with the others. A pod on probation has `probation_weight` times the median score
+    of the pods scored anew (of all pods when none is, as when failing open), whatever
+    its score before it restarted."""
     placeholder = (statistics.median(scores.values()) if scores else 1.0) if pods.fail_open else 0.0
+    fresh = [scores[key] for key in pods.fresh if key in scores]
+    reference = statistics.median(fresh) if fresh else placeholder or 1.0
     factor = settings.long_prompt_weight_factor
     return {
-        key: scores.get(key, 0.0 if key in pods.down else placeholder)
+        key: (
+            tuning.probation_weight * reference
+            if key in pods.probation
+            else scores.get(key, 0.0 if key in pods.down else placeholder)
+        )
         * factor ** (long_prompts.get(key, 0) + (key in spilled.loaded))
         for key in map(endpoint_id, pool.endpoints)
     }
@@ -221,7 +230,7 @@ def score_pool(
         settings=settings,
         tuning=tuning,
     )
-    weighed = _weights(pool, scores, pods, spill, long_prompts, settings)
+    weighed = _weights(pool, scores, pods, spill, long_prompts, settings, tuning)
     top = max(weighed.values(), default=1.0) or 1.0
     rings = _ring_weights(pool, pods, capacities, spill.loaded, homes, settings, tuning)
     sticks = _affinity(pool, pods, keys, settings, tuning)
@@ -286,10 +295,15 @@ def _ring_weights(
     tuning: Tuning,
 ) -> tuple[Homes | None, dict[str, int]]:
     """A session pool's key homes and ring weights: capacity, times each pod's home factor
-    (scaled so that the largest factor is 1); nothing for a pool without session affinity."""
+    (scaled so that the largest factor is 1), times `probation_weight` on probation;
+    nothing for a pool without session affinity."""
     if not pool.session_affinity:
         return None, {}
-    base = {key: capacities[key] ** settings.scorers.capacity for key in capacities}
+    base = {
+        key: capacities[key] ** settings.scorers.capacity
+        * (tuning.probation_weight if key in pods.probation else 1.0)
+        for key in capacities
+    }
     homes = balanced_homes(pods.healthy, pods.fresh, base, spilling, memory, tuning)
     top = max((homes.memory.factor(key) for key in base), default=1.0)
     return homes, {

@@ -23,7 +23,9 @@ class PodSignals:
     this server does not age every pod at once). `down`: the last scrape could not connect
     at all (refused, reset): the pod is gone, whatever `all_stale` says. `scraped`: False
     for a pod with a verdict but no believed page yet (only failed scrapes): its other
-    fields are then placeholders, and it is not in rotation.
+    fields are then placeholders, and it is not in rotation. `probation_s`: the pod has
+    given no believed page since it (re)started, its page is late and its health check
+    answers: how long since its first answer (None otherwise; health.py's probation).
     """
 
     silent_s: float
@@ -48,3 +50,4 @@ class PodSignals:
     scraped: bool = True
     # How long the engine has run requests without processing a token (its own counters).
     stalled_s: float = 0.0
+    probation_s: float | None = None

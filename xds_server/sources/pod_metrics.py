@@ -2,7 +2,9 @@
 
 The routing config says which endpoints belong to GPU-aware pools and which model server
 they run; this module keeps the scraper's target list and limits in step with it and
-turns the store's observations into the policy's `PodSignals`.
+turns the store's observations into the policy's `PodSignals`. Each target also names
+the pod's health check on its serving port (`/health`; Triton's `/v2/health/ready`),
+asked while a restarted pod's page is late (metrics/scraper.py, policy/health.py).
 
 A pod with no verdict yet (not scraped yet) has no signals; one whose scrapes have only
 failed has signals with `scraped` False. Either way it is not in rotation
@@ -43,8 +45,13 @@ __all__ = [
 ]
 
 
+# Each engine's health check, on its serving port, where it is not `/health`.
+_HEALTH_PATHS = {"triton": "/v2/health/ready"}
+
+
 def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
-    """Every endpoint of a GPU-aware pool, by endpoint id, with its metrics URL and engine."""
+    """Every endpoint of a GPU-aware pool, by endpoint id, with its metrics URL, engine and
+    health check."""
     targets = {}
     for pool in config.pools:
         if not pool.weights_from_metrics:
@@ -52,10 +59,13 @@ def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
         for endpoint in pool.endpoints:
             port = pool.metrics_port or endpoint.port
             host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
+            engine = endpoint.engine or pool.engine
+            health = _HEALTH_PATHS.get(engine, "/health")
             targets[endpoint_id(endpoint)] = ScrapeTarget(
                 url=f"http://{host}:{port}{pool.metrics_path}",
-                engine=endpoint.engine or pool.engine,
+                engine=engine,
                 by_name=config.balancing.scrape_by_name,
+                health_url=f"http://{host}:{endpoint.port}{health}",
             )
     return targets
 
@@ -73,10 +83,12 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
             waiting=0,
             running=0,
             scraped=False,
+            probation_s=observation.probation_s,
         )
     return PodSignals(
         silent_s=observation.silent_s,
         down=observation.down,
+        probation_s=observation.probation_s,
         waiting=metrics.waiting,
         running=metrics.running,
         kv_usage=metrics.kv_usage,
