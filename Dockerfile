@@ -23,9 +23,9 @@ WORKDIR /src
 # README.m[d] is the readme pyproject.toml names, copied when it exists: a glob that matches
 # nothing is allowed beside a source that does (setuptools only warns without it). LICENSE
 # is pyproject.toml's license-files: the build fails without it.
-COPY pyproject.toml README.m[d] LICENSE ./
+COPY pyproject.toml README.m[d] LICENSE image-requirements.txt ./
 COPY xds_server/ xds_server/
-RUN pip wheel --no-deps --wheel-dir /wheels .
+RUN pip wheel --no-deps --wheel-dir /wheels . && cp image-requirements.txt /wheels/
 
 
 FROM python:3.11.15-slim-bookworm@sha256:b18992999dbe963a45a8a4da40ac2b1975be1a776d939d098c647482bcad5cba AS runtime
@@ -43,10 +43,15 @@ RUN groupadd --system --gid 10001 xds \
     && useradd --system --uid 10001 --gid 10001 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin xds
 
-# The wheel is bind-mounted from the builder, so it leaves no layer behind. pip compiles
-# the .pyc files here, as root: the server cannot write to site-packages at run time.
+# The wheel is bind-mounted from the builder, so it leaves no layer behind. The
+# dependencies are exactly image-requirements.txt's pins, checked against their hashes;
+# the wheel adds nothing more (--no-deps), and pip check fails the build if a pin no
+# longer satisfies pyproject.toml. pip compiles the .pyc files here, as root: the server
+# cannot write to site-packages at run time.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install /wheels/xds_server-*.whl
+    pip install --require-hashes --no-deps -r /wheels/image-requirements.txt \
+    && pip install --no-deps /wheels/xds_server-*.whl \
+    && pip check
 
 USER 10001:10001
 
