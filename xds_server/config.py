@@ -38,12 +38,9 @@ __all__ = [
     "ConfigError",
     "EndpointConfig",
     "Engine",
-    "EngineMetricsConfig",
     "FlowControlConfig",
     "Lane",
     "ListenerConfig",
-    "MetricNamesConfig",
-    "MetricSeries",
     "ModelBands",
     "ModelRewrite",
     "ParseLimits",
@@ -137,75 +134,6 @@ class PodSelector(_Strict):
         return ",".join(f"{key}={value}" for key, value in sorted(self.match_labels.items()))
 
 
-# A metric name as a page writes it (a counter's with its `_total`), and a label name.
-_MetricName = Annotated[str, Field(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", max_length=256)]
-_PromLabel = Annotated[str, Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", max_length=256)]
-
-
-class MetricSeries(_Strict):
-    """A metric name and the labels a series must carry to count (all of them, exactly):
-    `{name: nv_trt_llm_request_metrics, labels: {request_type: waiting}}`."""
-
-    name: _MetricName
-    labels: dict[_PromLabel, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict)
-
-
-# One name, or candidates in order of preference (the first on the page wins); an empty
-# list: the metric is not read.
-MetricCandidates = _MetricName | MetricSeries | tuple[_MetricName | MetricSeries, ...]
-
-
-class MetricNamesConfig(_Strict):
-    """Where an engine's page says each thing the policy reads (metrics/engines.py's
-    `LogicalMetric`); a field left out keeps the engine's own name."""
-
-    waiting: MetricCandidates | None = None
-    running: MetricCandidates | None = None
-    kv_usage: MetricCandidates | None = None
-    kv_capacity: MetricCandidates | None = None
-    kv_tokens_per_block: MetricCandidates | None = None
-    lora_info: MetricCandidates | None = None
-    prefix_cache_hits: MetricCandidates | None = None
-    prefix_cache_queries: MetricCandidates | None = None
-    prompt_tokens: MetricCandidates | None = None
-    generation_tokens: MetricCandidates | None = None
-    requests_finished: MetricCandidates | None = None
-
-    @model_validator(mode="after")
-    def _required_read(self) -> MetricNamesConfig:
-        for name in ("waiting", "running"):
-            if getattr(self, name) == ():
-                raise ValueError(f"{name} is required and cannot be left unread")
-        return self
-
-
-class EngineMetricsConfig(_Strict):
-    """How to read an engine's `/metrics` where it differs from the engine's defaults: a
-    release that renames a metric, or a build that states its KV cache in other units.
-
-    `capacity_unit` is what the `kv_capacity` series counts: tokens, or blocks (then
-    multiplied by `tokens_per_block` if set, else by the `kv_tokens_per_block` series; with
-    neither the capacity is unknown). Unset: the engine's own (blocks for Triton and
-    trtllm-serve, tokens for the others).
-    """
-
-    names: MetricNamesConfig = MetricNamesConfig()
-    capacity_unit: Literal["tokens", "blocks"] | None = None
-    tokens_per_block: Annotated[int | None, Field(ge=1, le=1 << 20)] = None
-
-    def over(self, base: EngineMetricsConfig) -> EngineMetricsConfig:
-        """These settings over `base`'s: each name, unit or size set here wins."""
-        names = {
-            **base.names.model_dump(exclude_none=True),
-            **self.names.model_dump(exclude_none=True),
-        }
-        return EngineMetricsConfig(
-            names=MetricNamesConfig.model_validate(names),
-            capacity_unit=self.capacity_unit or base.capacity_unit,
-            tokens_per_block=self.tokens_per_block or base.tokens_per_block,
-        )
-
-
 class PoolConfig(_Strict):
     """A set of interchangeable model-server endpoints that serve the same models."""
 
@@ -243,9 +171,6 @@ class PoolConfig(_Strict):
     # Where each endpoint serves /metrics; by default its serving port.
     metrics_port: Annotated[int | None, Field(ge=1, le=65535)] = None
     metrics_path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
-    # How to read the metrics of the endpoints that run the pool's `engine`, over
-    # `engine_metrics` (EngineMetricsConfig).
-    metrics: EngineMetricsConfig | None = None
     endpoints: tuple[EndpointConfig, ...] = ()
     # On Kubernetes: the pods that are endpoints too (besides `endpoints`), found by label.
     selector: PodSelector | None = None
@@ -582,9 +507,6 @@ class RoutingConfig(_Strict):
     updates: UpdatesConfig = UpdatesConfig()
     flow_control: FlowControlConfig = FlowControlConfig()
     verdicts: VerdictsConfig = VerdictsConfig()
-    # How to read each engine's metrics, for every endpoint that runs it (EngineMetricsConfig;
-    # a pool's `metrics` win for its own engine's endpoints).
-    engine_metrics: dict[Engine, EngineMetricsConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique_names(self) -> RoutingConfig:
@@ -639,14 +561,6 @@ class RoutingConfig(_Strict):
                     "common (pools[].api)"
                 )
         return self
-
-    def metrics_of(self, pool: PoolConfig, engine: Engine) -> EngineMetricsConfig:
-        """How to read the metrics of `pool`'s endpoints that run `engine`: the pool's
-        `metrics` (when `engine` is the pool's) over `engine_metrics`."""
-        base = self.engine_metrics.get(engine, EngineMetricsConfig())
-        if pool.metrics is not None and engine == pool.engine:
-            return pool.metrics.over(base)
-        return base
 
     def tuning(self, pool: PoolConfig) -> Tuning:
         """The policy's numbers for `pool`: `balancing.advanced` with its `advanced`."""

@@ -51,7 +51,8 @@ class BadRequestError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class CompletionRequest:
-    """A parsed `/v1/chat/completions` (`chat`) or `/v1/completions` request.
+    """A parsed `/v1/chat/completions` (`chat`) or `/v1/completions` request, or a
+    `/v1/responses` one (`responses`, with `chat`: responses_api).
 
     `model` is None when the body names none (vLLM then serves its base model);
     `max_tokens` is None when the body sets neither `max_tokens` nor
@@ -65,6 +66,7 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     body_bytes: int = 0
+    responses: bool = False
 
 
 def _words(text: object, what: str) -> list[str]:

@@ -2,7 +2,9 @@
 
 Routing quality is measured end to end through a real Envoy, so a pod must be reachable
 like a vLLM pod: OpenAI-compatible completions (JSON or server-sent events), `/v1/models`,
-`/health` and a `/metrics` page in the flavour of the server it imitates. A vLLM-flavoured
+`/health` and a `/metrics` page in the flavour of the server it imitates. Every pod also
+answers the Responses API (`/v1/responses`, on the engine like a chat) and embeddings
+(`/v1/embeddings`, at once, for any model it serves): responses_api. A vLLM-flavoured
 pod also answers vLLM's `/tokenize`, `/v1/chat/completions/render` and
 `/v1/completions/render` (token ids by the simulator's token rule, `openai_api.token_ids`),
 which vllm-router's `cache_aware` asks every worker before it routes a request. An
@@ -98,6 +100,13 @@ from llm_sim.openai_api import (
     usage_chunk_document,
 )
 from llm_sim.profiles import H100, HardwareProfile
+from llm_sim.responses_api import (
+    ResponseEvents,
+    embeddings_document,
+    parse_embedding_request,
+    parse_responses_request,
+    response_document,
+)
 from llm_sim.sglang_api import load_document, model_info_document, server_info_document
 
 __all__ = [
@@ -312,6 +321,8 @@ class SimulatedPod:
         app = web.Application(client_max_size=_MAX_BODY_BYTES, middlewares=[self._observe])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._text)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
@@ -637,7 +648,8 @@ class SimulatedPod:
         loop = asyncio.get_running_loop()
         # A handler outlives its engine when the pod is killed and revived.
         engine = self._engine
-        request_id = f"{'chatcmpl' if request.chat else 'cmpl'}-{self.name}-{next(self._ids)}"
+        kind = "resp" if request.responses else "chatcmpl" if request.chat else "cmpl"
+        request_id = f"{kind}-{self.name}-{next(self._ids)}"
         max_tokens = request.max_tokens or self.default_max_tokens
         try:
             engine.add(
@@ -668,16 +680,27 @@ class SimulatedPod:
                         503, "The engine loop died.", code="engine_dead", backend_id=self.name
                     )
             tokens.extend(delivery.take())
-            document = completion_document(
-                request_id=request_id,
-                created=int(time.time()),
-                model=model,
-                chat=request.chat,
-                text=" ".join(tokens),
-                finish_reason="length",
-                prompt_tokens=len(request.prompt),
-                completion_tokens=len(tokens),
-            )
+            if request.responses:
+                document = response_document(
+                    request_id=request_id,
+                    created=int(time.time()),
+                    model=model,
+                    text=" ".join(tokens),
+                    finished=False,
+                    prompt_tokens=len(request.prompt),
+                    completion_tokens=len(tokens),
+                )
+            else:
+                document = completion_document(
+                    request_id=request_id,
+                    created=int(time.time()),
+                    model=model,
+                    chat=request.chat,
+                    text=" ".join(tokens),
+                    finish_reason="length",
+                    prompt_tokens=len(request.prompt),
+                    completion_tokens=len(tokens),
+                )
             return web.json_response(
                 document, headers={BACKEND_ID_HEADER: self.name}, dumps=_compact_dumps
             )
@@ -705,8 +728,13 @@ class SimulatedPod:
         await self._thawed.wait()  # frozen since the request came in: not even headers
         await response.prepare(http_request)
         created = int(time.time())
+        events = None
+        if request.responses:
+            events = ResponseEvents(request_id=request_id, created=created, model=model)
         first = True
         try:
+            for frame in events.opening() if events is not None else ():
+                await response.write(frame)
             while True:
                 await delivery.wake.wait()
                 await self._thawed.wait()
@@ -718,19 +746,31 @@ class SimulatedPod:
                         http_request.transport.abort()
                     return response
                 text = " ".join(tokens) if first else " " + " ".join(tokens)
-                payload = chunk_document(
-                    request_id=request_id,
-                    created=created,
-                    model=model,
-                    chat=request.chat,
-                    text=text,
-                    first=first,
-                    finish_reason="length" if done else None,
-                )
+                if events is not None:
+                    await response.write(events.delta(text))
+                else:
+                    payload = chunk_document(
+                        request_id=request_id,
+                        created=created,
+                        model=model,
+                        chat=request.chat,
+                        text=text,
+                        first=first,
+                        finish_reason="length" if done else None,
+                    )
+                    await response.write(b"data: " + payload.encode() + b"\n\n")
                 first = False
-                await response.write(b"data: " + payload.encode() + b"\n\n")
                 if done:
                     break
+            if events is not None:
+                # The Responses API's stream ends with its final response, no `[DONE]`.
+                closing = events.closing(
+                    prompt_tokens=len(request.prompt), completion_tokens=delivery.produced
+                )
+                for frame in closing:
+                    await response.write(frame)
+                await response.write_eof()
+                return response
             if request.include_usage:
                 usage = usage_chunk_document(
                     request_id=request_id,
@@ -790,6 +830,41 @@ class SimulatedPod:
 
     async def _text(self, http_request: web.Request) -> web.StreamResponse:
         return await self._completion(http_request, chat=False)
+
+    async def _responses(self, http_request: web.Request) -> web.StreamResponse:
+        try:
+            request = parse_responses_request(await http_request.read())
+        except BadRequestError as exc:
+            return error_response(
+                400, str(exc), code=exc.code, param=exc.param, backend_id=self.name
+            )
+        return await self.handle_completion(http_request, request)
+
+    async def _embeddings(self, http_request: web.Request) -> web.Response:
+        try:
+            request = parse_embedding_request(await http_request.read())
+            model, _ = self._resolve(request.model)
+        except BadRequestError as exc:
+            return error_response(
+                400, str(exc), code=exc.code, param=exc.param, backend_id=self.name
+            )
+        except KeyError:
+            return error_response(
+                404,
+                f"The model `{request.model}` does not exist.",
+                code="model_not_found",
+                param="model",
+                backend_id=self.name,
+            )
+        document = embeddings_document(
+            request,
+            request_id=f"embd-{self.name}-{next(self._ids)}",
+            created=int(time.time()),
+            model=model,
+        )
+        return web.json_response(
+            document, headers={BACKEND_ID_HEADER: self.name}, dumps=_compact_dumps
+        )
 
     async def _prepare(
         self, http_request: web.Request, parse: Callable[[bytes], CompletionRequest]
