@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import pytest
 
-from xds_server.cli import _parser
+from xds_server.cli.parser import build_parser as _parser
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from xds_server.cli import _parser
+from xds_server.cli.parser import build_parser as _parser
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -38,9 +38,12 @@ __all__ = [
     "ConfigError",
     "EndpointConfig",
     "Engine",
+    "EngineMetricsConfig",
     "FlowControlConfig",
     "Lane",
     "ListenerConfig",
+    "MetricNamesConfig",
+    "MetricSeries",
     "ModelBands",
     "ModelRewrite",
     "ParseLimits",
@@ -134,6 +137,75 @@ class PodSelector(_Strict):
         return ",".join(f"{key}={value}" for key, value in sorted(self.match_labels.items()))
 
 
+# A metric name as a page writes it (a counter's with its `_total`), and a label name.
+_MetricName = Annotated[str, Field(pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$", max_length=256)]
+_PromLabel = Annotated[str, Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$", max_length=256)]
+
+
+class MetricSeries(_Strict):
+    """A metric name and the labels a series must carry to count (all of them, exactly):
+    `{name: nv_trt_llm_request_metrics, labels: {request_type: waiting}}`."""
+
+    name: _MetricName
+    labels: dict[_PromLabel, Annotated[str, Field(max_length=256)]] = Field(default_factory=dict)
+
+
+# One name, or candidates in order of preference (the first on the page wins); an empty
+# list: the metric is not read.
+MetricCandidates = _MetricName | MetricSeries | tuple[_MetricName | MetricSeries, ...]
+
+
+class MetricNamesConfig(_Strict):
+    """Where an engine's page says each thing the policy reads (metrics/engines.py's
+    `LogicalMetric`); a field left out keeps the engine's own name."""
+
+    waiting: MetricCandidates | None = None
+    running: MetricCandidates | None = None
+    kv_usage: MetricCandidates | None = None
+    kv_capacity: MetricCandidates | None = None
+    kv_tokens_per_block: MetricCandidates | None = None
+    lora_info: MetricCandidates | None = None
+    prefix_cache_hits: MetricCandidates | None = None
+    prefix_cache_queries: MetricCandidates | None = None
+    prompt_tokens: MetricCandidates | None = None
+    generation_tokens: MetricCandidates | None = None
+    requests_finished: MetricCandidates | None = None
+
+    @model_validator(mode="after")
+    def _required_read(self) -> MetricNamesConfig:
+        for name in ("waiting", "running"):
+            if getattr(self, name) == ():
+                raise ValueError(f"{name} is required and cannot be left unread")
+        return self
+
+
+class EngineMetricsConfig(_Strict):
+    """How to read an engine's `/metrics` where it differs from the engine's defaults: a
+    release that renames a metric, or a build that states its KV cache in other units.
+
+    `capacity_unit` is what the `kv_capacity` series counts: tokens, or blocks (then
+    multiplied by `tokens_per_block` if set, else by the `kv_tokens_per_block` series; with
+    neither the capacity is unknown). Unset: the engine's own (blocks for Triton and
+    trtllm-serve, tokens for the others).
+    """
+
+    names: MetricNamesConfig = MetricNamesConfig()
+    capacity_unit: Literal["tokens", "blocks"] | None = None
+    tokens_per_block: Annotated[int | None, Field(ge=1, le=1 << 20)] = None
+
+    def over(self, base: EngineMetricsConfig) -> EngineMetricsConfig:
+        """These settings over `base`'s: each name, unit or size set here wins."""
+        names = {
+            **base.names.model_dump(exclude_none=True),
+            **self.names.model_dump(exclude_none=True),
+        }
+        return EngineMetricsConfig(
+            names=MetricNamesConfig.model_validate(names),
+            capacity_unit=self.capacity_unit or base.capacity_unit,
+            tokens_per_block=self.tokens_per_block or base.tokens_per_block,
+        )
+
+
 class PoolConfig(_Strict):
     """A set of interchangeable model-server endpoints that serve the same models."""
 
@@ -171,6 +243,9 @@ class PoolConfig(_Strict):
     # Where each endpoint serves /metrics; by default its serving port.
     metrics_port: Annotated[int | None, Field(ge=1, le=65535)] = None
     metrics_path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
+    # How to read the metrics of the endpoints that run the pool's `engine`, over
+    # `engine_metrics` (EngineMetricsConfig).
+    metrics: EngineMetricsConfig | None = None
     endpoints: tuple[EndpointConfig, ...] = ()
     # On Kubernetes: the pods that are endpoints too (besides `endpoints`), found by label.
     selector: PodSelector | None = None
@@ -507,6 +582,9 @@ class RoutingConfig(_Strict):
     updates: UpdatesConfig = UpdatesConfig()
     flow_control: FlowControlConfig = FlowControlConfig()
     verdicts: VerdictsConfig = VerdictsConfig()
+    # How to read each engine's metrics, for every endpoint that runs it (EngineMetricsConfig;
+    # a pool's `metrics` win for its own engine's endpoints).
+    engine_metrics: dict[Engine, EngineMetricsConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique_names(self) -> RoutingConfig:
@@ -561,6 +639,14 @@ class RoutingConfig(_Strict):
                     "common (pools[].api)"
                 )
         return self
+
+    def metrics_of(self, pool: PoolConfig, engine: Engine) -> EngineMetricsConfig:
+        """How to read the metrics of `pool`'s endpoints that run `engine`: the pool's
+        `metrics` (when `engine` is the pool's) over `engine_metrics`."""
+        base = self.engine_metrics.get(engine, EngineMetricsConfig())
+        if pool.metrics is not None and engine == pool.engine:
+            return pool.metrics.over(base)
+        return base
 
     def tuning(self, pool: PoolConfig) -> Tuning:
         """The policy's numbers for `pool`: `balancing.advanced` with its `advanced`."""
@@ -770,9 +856,9 @@ def parse_config(
 ) -> RoutingConfig:
     """Parse and validate a YAML (or JSON) routing document.
 
-    Raises ConfigError with the problems found (the first 20, and how many more), each
-    naming its field path. A document over `limits` is refused first, with the limit it
-    broke; the work done is bounded by them.
+    Raises ConfigError with the problems found (the first 20, and how many more; all of
+    them in its `problems`), each naming its field path. A document over `limits` is
+    refused first, with the limit it broke; the work done is bounded by them.
     """
     data = document.encode(errors="surrogatepass") if isinstance(document, str) else document
     limits.check_size(len(data), source=source)
@@ -784,14 +870,24 @@ def parse_config(
     try:
         return RoutingConfig.model_validate(raw)
     except ValidationError as exc:
-        errors = exc.errors()
-        problems = [
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in errors[:_MAX_PROBLEMS]
-        ]
-        if len(errors) > _MAX_PROBLEMS:
-            problems.append(f"and {len(errors) - _MAX_PROBLEMS} more problems")
-        raise ConfigError(f"{source}: {'; '.join(problems)}") from exc
+        problems = _problems(exc)
+        listed = list(problems[:_MAX_PROBLEMS])
+        if len(problems) > _MAX_PROBLEMS:
+            listed.append(f"and {len(problems) - _MAX_PROBLEMS} more problems")
+        raise ConfigError(f"{source}: {'; '.join(listed)}", problems=problems) from exc
+
+
+def _problems(error: ValidationError) -> tuple[str, ...]:
+    """Each of `error`'s problems as `path.to.field: message`. A list shorter than its
+    minimum only because its items failed is not one more problem: pydantic counts the
+    items that passed, and "pools: at least 1 item" beside a bad pool would mislead."""
+    errors = error.errors()
+    inside = {err["loc"][:n] for err in errors for n in range(len(err["loc"]))}
+    return tuple(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+        for err in errors
+        if not (err["type"] == "too_short" and err["loc"] in inside)
+    )
 
 
 def read_document(path: Path, *, limits: ParseLimits = ParseLimits()) -> bytes:

@@ -48,7 +48,15 @@ class XdsServerError(Exception):
 
 
 class ConfigError(XdsServerError, ValueError):
-    """A routing config that cannot be used; the message names the offending field."""
+    """A routing config that cannot be used; the message names the offending field.
+
+    `problems`: a document that fails validation has each of its problems here, as
+    `path.to.field: message` (the message lists the first 20); otherwise empty.
+    """
+
+    def __init__(self, message: str, *, problems: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
 
 
 class ResourceBuildError(XdsServerError, ValueError):

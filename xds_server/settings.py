@@ -1,5 +1,6 @@
-"""Process-level settings (the command line), as opposed to the routing config (a file or a
-ConfigMap, config.py): where to listen, where the config comes from, timings."""
+"""Process-level settings (the command line, or its XDS_SERVER_* environment variables:
+cli/), as opposed to the routing config (a file or a ConfigMap, config.py): where to
+listen, where the config comes from, timings."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class TlsSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
-    """Everything `xds-server run` is told on its command line.
+    """Everything `xds-server run` is told on its command line (or in its variables).
 
     Either `config_path` or `kubernetes` with a `configmap` says where the routing config
     comes from (`config_source`); `__post_init__` refuses settings with neither.

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import pytest
 import yaml
 
-from xds_server.cli import _parser
+from xds_server.cli.parser import build_parser as _parser
 from xds_server.config import RoutingConfig, parse_config
 from xds_server.envoy.bootstrap import BootstrapTls
 from xds_server.settings import TlsSettings

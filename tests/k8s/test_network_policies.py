@@ -19,7 +19,7 @@ from tests.k8s.manifests import (
     _server,
 )
 from xds_server.admin import default_debug_port
-from xds_server.cli import _parser
+from xds_server.cli.parser import build_parser as _parser
 
 # Where Prometheus runs: the namespace whose pods may reach the server's admin port
 # (k8s/server/networkpolicy.yaml; every namespace has this label with its name).

@@ -26,7 +26,7 @@ from tests.k8s.manifests import (
     _server,
 )
 from xds_server.admin import default_debug_port
-from xds_server.cli import _parser
+from xds_server.cli.parser import build_parser as _parser
 
 
 def _dockerfile_user() -> int:
