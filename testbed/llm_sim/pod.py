@@ -50,9 +50,9 @@ handlers use it, and so does the oracle router, which calls it in-process for th
 picked (no second HTTP hop). `state_snapshot()` is the exact state.
 
 Mutable state: `state`, `_streams` (request id -> delivery), `_failure` (why the step loop
-died, if it did: the pod then answers 503), the lag counters, `_http`, the fault switches
-`_resetting`, `_thawed` (set when not frozen) and `_metrics_at` (the loop time before which
-`/metrics` does not answer), the engine (changed only by `add`/`abort`
+died, if it did: the pod then answers 503), the lag counters, `_http`, `requests_seen`,
+the fault switches `_resetting`, `_thawed` (set when not frozen) and `_metrics_at` (the
+loop time before which `/metrics` does not answer), the engine (changed only by `add`/`abort`
 in handlers, `stall` in `wedge`/`unwedge` and `step` in the loop, all on the event loop's
 thread; replaced by `revive`) and the aiohttp runner.
 """
@@ -60,6 +60,7 @@ thread; replaced by `revive`) and the aiohttp runner.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import itertools
 import json
@@ -280,6 +281,8 @@ class SimulatedPod:
         self._metrics_at = 0.0
         self._ids = itertools.count(1)
         self._http = HttpStats()
+        # Every request the server got, by (method, path), whatever its answer (a 404 too).
+        self.requests_seen: collections.Counter[tuple[str, str]] = collections.Counter()
         self._steps = 0
         self._lag_total = 0.0
         self._lag_max = 0.0
@@ -795,6 +798,7 @@ class SimulatedPod:
         request: web.Request,
         handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
     ) -> web.StreamResponse:
+        self.requests_seen[request.method, request.path] += 1
         await self._thawed.wait()
         started = time.perf_counter()
         try:
