@@ -689,7 +689,16 @@ def _trtllm_serve(engine: Engine, state: EngineState, model_name: str) -> str:
     page.gauge(
         "trtllm_kv_cache_utilization", "KV cache utilization (0 to 1).", [(base, state.kv_usage)]
     )
-    page.gauge("trtllm_kv_cache_max_blocks", "Total KV cache blocks.", [(base, state.kv_blocks)])
+    page.gauge(
+        "trtllm_kv_cache_max_blocks",
+        "Maximum number of KV cache blocks",
+        [(base, state.kv_blocks)],
+    )
+    page.gauge(
+        "trtllm_kv_cache_tokens_per_block",
+        "Number of tokens per KV cache block",
+        [(base, engine.profile.block_size)],
+    )
     hit_rate = (
         state.prefix_cache_hits / state.prefix_cache_queries if state.prefix_cache_queries else 0.0
     )

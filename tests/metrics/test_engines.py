@@ -45,13 +45,12 @@ def test_every_flavour_reads_the_engines_state(flavour: Flavour) -> None:
     metrics = engine_adapter(ENGINE_OF[flavour]).parse(page(engine, flavour))
     assert (metrics.waiting, metrics.running) == (state.num_waiting, state.num_running)
     if flavour is Flavour.TGI:
-        assert metrics.kv_usage is None
-        tokens = state.running_context_tokens + sum(state.running_remaining_tokens)
-        assert metrics.kv_capacity_tokens == tokens
+        # TGI states no KV use or size; its batch's token total is not a capacity.
+        assert (metrics.kv_usage, metrics.kv_capacity_tokens) == (None, None)
     else:
         assert metrics.kv_usage == pytest.approx(state.kv_usage)
-        expected = H100.kv_blocks if flavour is Flavour.TRTLLM_SERVE else CAPACITY
-        assert metrics.kv_capacity_tokens == expected
+        # In tokens for every engine: Triton's and trtllm-serve's blocks times their size.
+        assert metrics.kv_capacity_tokens == CAPACITY
     if flavour is Flavour.VLLM:
         assert metrics.prefix_cache_hits_tokens == state.prefix_cache_hits
         assert metrics.prefix_cache_queries_tokens == state.prefix_cache_queries
@@ -328,9 +327,10 @@ def test_physical_bounds_hold_for_every_engine() -> None:
         engine_adapter("tgi").parse(tgi)
     # At the bounds: believed.
     edge = (
-        "tgi_queue_size 100000\ntgi_batch_current_size 0\ntgi_batch_current_max_tokens 4294967296\n"
+        "trtllm_num_requests_waiting 100000\ntrtllm_num_requests_running 0\n"
+        "trtllm_kv_cache_max_blocks 268435456\ntrtllm_kv_cache_tokens_per_block 16\n"
     )
-    metrics = engine_adapter("tgi").parse(edge)
+    metrics = engine_adapter("trtllm").parse(edge)
     assert (metrics.waiting, metrics.kv_capacity_tokens) == (MAX_REQUESTS, MAX_KV_CAPACITY_TOKENS)
 
 
@@ -354,11 +354,31 @@ def test_a_partial_page_is_an_error_not_an_idle_pod() -> None:
         engine_adapter("triton").parse("")
 
 
-def test_triton_capacity_is_in_blocks_without_tokens_per_block() -> None:
-    text = page(busy_engine(lora=False), Flavour.TRITON)
-    assert engine_adapter("triton").parse(text).kv_capacity_tokens == CAPACITY
-    without = "\n".join(line for line in text.splitlines() if "tokens_per" not in line)
-    assert engine_adapter("triton").parse(without).kv_capacity_tokens == H100.kv_blocks
+@pytest.mark.parametrize(
+    ("flavour", "engine", "block_size_line"),
+    [
+        (Flavour.TRITON, "triton", "tokens_per"),
+        (Flavour.TRTLLM_SERVE, "trtllm", "tokens_per_block"),
+    ],
+)
+def test_a_block_count_is_never_read_as_tokens(
+    flavour: Flavour, engine: str, block_size_line: str
+) -> None:
+    text = page(busy_engine(lora=False), flavour)
+    assert engine_adapter(engine).parse(text).kv_capacity_tokens == CAPACITY
+    without = "\n".join(line for line in text.splitlines() if block_size_line not in line)
+    assert without != text
+    # Blocks of unknown size: the capacity is unknown, not 5,000 "tokens".
+    assert engine_adapter(engine).parse(without).kv_capacity_tokens is None
+    # A block size from the config: used when the page has none, and over the page's.
+    fixed = engine_adapter(engine, tokens_per_block=64)
+    assert fixed.parse(without).kv_capacity_tokens == H100.kv_blocks * 64
+    assert fixed.parse(text).kv_capacity_tokens == H100.kv_blocks * 64
+    # Read as tokens (config): the count as it stands.
+    tokens = engine_adapter(engine, capacity_unit="tokens")
+    assert tokens.parse(text).kv_capacity_tokens == H100.kv_blocks
+    with pytest.raises(ConfigError, match="tokens_per_block"):
+        engine_adapter(engine, tokens_per_block=0)
 
 
 def test_every_name_can_be_overridden() -> None:

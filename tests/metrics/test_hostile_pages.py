@@ -98,7 +98,7 @@ def _believable(metrics: PodMetrics) -> None:
         0 <= metrics.kv_capacity_tokens <= MAX_KV_CAPACITY_TOKENS
     )
     assert metrics.max_lora is None or 0 <= metrics.max_lora <= MAX_LORA_SLOTS
-    for adapters in (metrics.lora_running, metrics.lora_waiting, metrics.lora_recent):
+    for adapters in (metrics.lora_running, metrics.lora_waiting or (), metrics.lora_recent):
         assert len(adapters) <= MAX_ADAPTERS
         assert all(len(name) <= MAX_ADAPTER_NAME for name in adapters)
     for counter in (metrics.prefix_cache_hits_tokens, metrics.prefix_cache_queries_tokens):

@@ -11,16 +11,25 @@ an optional label filter), plus a few reading rules that hold for every engine:
   are counted under the base model), so the sum is the pod's. A page without them is a
   partial page: `MetricsParseError`, never zeros, or a broken pod would look idle.
 - KV usage is the mean over matching series; absent -> None.
-- KV capacity, in tokens: an info series carrying the engine's size labels (vLLM
+- KV capacity, always in tokens: an info series carrying the engine's size labels (vLLM
   `block_size` x `num_gpu_blocks`, SGLang `page_size` x `num_pages`) gives their product;
-  any other series gives its value, times the tokens-per-block series when the engine has
-  one (Triton). trtllm-serve states only blocks, so its capacity is in blocks; TGI's
-  `tgi_batch_current_max_tokens` is the current batch's token budget, which moves with the
-  load. A size label that is not an integer (vLLM writes "None") gives None.
+  any other series gives its value, in the engine's capacity unit (`CapacityUnit`). A
+  count of blocks (Triton's `kv_cache_block_type="max"`, trtllm-serve's
+  `trtllm_kv_cache_max_blocks`) is multiplied by the block size: the adapter's fixed
+  `tokens_per_block` when set (config), else the engine's tokens-per-block series
+  (`tokens_per`, `trtllm_kv_cache_tokens_per_block`); with neither, the capacity is unknown
+  (None), never a block count read as tokens (pods of one pool are weighed against each
+  other by it). A size label that is not an integer (vLLM writes "None") gives None. TGI
+  states no cache size: `tgi_batch_current_max_tokens` is the running batch's token total,
+  which grows with the load, so it is not read (a busier pod would look bigger).
 - LoRA (vLLM `vllm:lora_requests_info`): the value is the Unix time the label set was last
   true and old label sets are never removed, so the current state is the series with the
   LARGEST value; adapters are comma-separated (an empty string is none). The family is
   HELP/TYPE only until the first LoRA request: no series means no adapters, not an error.
+  From vLLM 0.30 the two lists are the same set (both are the keys of one per-adapter
+  table: every adapter with a request running or waiting, `vllm/v1/metrics/stats.py`), so
+  a waiting list equal to the running list says nothing of what waits: `lora_waiting` is
+  then None (unknown), not a copy of the running list.
 - Prefix-cache hits and queries are cumulative token counters (summed), or None when the
   engine does not export them; `store` turns them into a rate.
 
@@ -46,7 +55,9 @@ not in rotation: policy/scoring.py):
 Several candidates may stand for one logical metric (vLLM's `vllm:kv_cache_usage_perc`, and
 `vllm:gpu_cache_usage_perc` on older servers): the first present on the page wins. Only the
 first candidates are looked for at first; a fallback costs a second scan of the page only
-when its primary is absent. Every name can be overridden per target (`engine_adapter`).
+when its primary is absent. Every name, the capacity unit and the block size can be
+overridden per target (`engine_adapter`; the routing config's `metrics` and
+`engine_metrics`), so that a pool can follow an engine release that renames a metric.
 
 Pure: text in, frozen value out.
 """
@@ -59,11 +70,13 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
 from xds_server.errors import ConfigError, ImplausibleMetricsError, MetricsParseError
 from xds_server.metrics.exposition import Sample, parse_samples
 
 __all__ = [
+    "CapacityUnit",
     "EngineAdapter",
     "EngineKind",
     "KV_USAGE_SLACK",
@@ -114,6 +127,9 @@ class LogicalMetric(enum.StrEnum):
     REQUESTS_FINISHED = "requests_finished"
 
 
+CapacityUnit = Literal["tokens", "blocks"]
+"""What an engine's KV capacity series counts (an info series' size labels are tokens)."""
+
 _REQUIRED = (LogicalMetric.WAITING, LogicalMetric.RUNNING)
 _EMPTY_LABELS: Mapping[str, str] = MappingProxyType({})
 
@@ -150,9 +166,11 @@ class PodMetrics:
     """What one scrape says about a pod.
 
     `kv_usage` is 0..1, None when the engine does not say. `kv_capacity_tokens` is the KV
-    cache size in tokens (in blocks for trtllm-serve), None when unknown. `max_lora` is None
-    when the page does not say (vLLM says only once a LoRA request was seen). The
-    prefix-cache figures are cumulative token counters, None when not exported.
+    cache size in tokens, None when unknown (a count of blocks of unknown size too).
+    `max_lora` is None when the page does not say (vLLM says only once a LoRA request was
+    seen). `lora_waiting` is None when the engine does not tell waiting adapters from
+    running ones (its two lists are the same set). The prefix-cache figures are cumulative
+    token counters, None when not exported.
     """
 
     waiting: int
@@ -160,7 +178,7 @@ class PodMetrics:
     kv_usage: float | None = None
     kv_capacity_tokens: int | None = None
     lora_running: tuple[str, ...] = ()
-    lora_waiting: tuple[str, ...] = ()
+    lora_waiting: tuple[str, ...] | None = ()
     # The adapters the pod ran most recently, newest first, at most `max_lora`: what its
     # LoRA slots most likely hold (vLLM evicts the least recently used), even when idle.
     lora_recent: tuple[str, ...] = ()
@@ -209,7 +227,11 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         _L.WAITING: _n("sglang:num_queue_reqs"),
         _L.RUNNING: _n("sglang:num_running_reqs"),
         _L.KV_USAGE: _n("sglang:token_usage"),
-        _L.KV_CAPACITY: _n("sglang:cache_config_info"),
+        _L.KV_CAPACITY: (
+            MetricName("sglang:cache_config_info"),
+            # The KV pool in tokens, exported since SGLang's first metrics (v0.3.5).
+            MetricName("sglang:max_total_num_tokens"),
+        ),
         # Cached prompt tokens out of all prompt tokens: the same ratio as vLLM's pair.
         _L.PREFIX_CACHE_HITS: _n("sglang:cached_tokens_total"),
         _L.PREFIX_CACHE_QUERIES: _n("sglang:prompt_tokens_total"),
@@ -217,10 +239,10 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         _L.GENERATION_TOKENS: _n("sglang:generation_tokens_total"),
         _L.REQUESTS_FINISHED: _n("sglang:num_requests_total"),
     },
+    # TGI exports no KV-cache use or size (module docstring).
     EngineKind.TGI: {
         _L.WAITING: _n("tgi_queue_size"),
         _L.RUNNING: _n("tgi_batch_current_size"),
-        _L.KV_CAPACITY: _n("tgi_batch_current_max_tokens"),
     },
     EngineKind.TRITON: {
         _L.WAITING: _n(_TRITON_REQUESTS, request_type="waiting"),
@@ -234,9 +256,15 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         _L.RUNNING: _n("trtllm_num_requests_running"),
         _L.KV_USAGE: _n("trtllm_kv_cache_utilization"),
         _L.KV_CAPACITY: _n("trtllm_kv_cache_max_blocks"),
+        _L.KV_TOKENS_PER_BLOCK: _n("trtllm_kv_cache_tokens_per_block"),
+        _L.PROMPT_TOKENS: _n("trtllm_prompt_tokens_total"),
+        _L.GENERATION_TOKENS: _n("trtllm_generation_tokens_total"),
         _L.REQUESTS_FINISHED: _n("trtllm_request_success_total"),
     },
 }
+
+# Engines whose KV capacity series counts blocks, not tokens.
+_BLOCK_CAPACITY = frozenset({EngineKind.TRITON, EngineKind.TRTLLM})
 
 # Labels whose product is the KV capacity in tokens, on an engine's cache-config info series.
 _CAPACITY_LABELS: Mapping[EngineKind, tuple[str, str]] = {
@@ -254,6 +282,9 @@ class EngineAdapter:
     engine: EngineKind
     names: Mapping[LogicalMetric, tuple[MetricName, ...]]
     capacity_labels: tuple[str, str] | None = None
+    capacity_unit: CapacityUnit = "tokens"
+    # Tokens per KV block, fixed (config); None: read from the page when in blocks.
+    tokens_per_block: int | None = None
 
     @functools.cached_property
     def families(self) -> frozenset[str]:
@@ -347,6 +378,7 @@ class EngineAdapter:
         what = f"{found[0].name} ({capacity})"
         total = 0.0
         labels = self.capacity_labels
+        blocks = False
         for sample in found:
             if labels is not None and labels[0] in sample.labels and labels[1] in sample.labels:
                 size = _label_product(sample.labels[labels[0]], sample.labels[labels[1]])
@@ -358,14 +390,17 @@ class EngineAdapter:
             else:
                 _not_negative(sample.value, what, "not a cache size")
                 total += sample.value
-        for sample in tokens_per_block:
-            _not_negative(
-                sample.value,
-                f"{sample.name} ({LogicalMetric.KV_TOKENS_PER_BLOCK.value})",
-                "not a block size",
-            )
-        if tokens_per_block:
-            total *= _mean(tokens_per_block)
+                blocks = self.capacity_unit == "blocks"
+        if blocks:
+            # A block holds a token at least: too many blocks are refused, size known or not.
+            if not total <= MAX_KV_CAPACITY_TOKENS:
+                raise ImplausibleMetricsError(
+                    what, total, f"above the bound of {MAX_KV_CAPACITY_TOKENS} tokens per pod"
+                )
+            block_size = self._block_size(tokens_per_block)
+            if block_size is None:
+                return None
+            total *= block_size
         if not total <= MAX_KV_CAPACITY_TOKENS:  # NaN too: an infinite size x 0 tokens
             raise ImplausibleMetricsError(
                 what, total, f"above the bound of {MAX_KV_CAPACITY_TOKENS} tokens per pod"
@@ -373,15 +408,38 @@ class EngineAdapter:
         return round(total)
 
 
+    def _block_size(self, tokens_per_block: list[Sample]) -> float | None:
+        """Tokens per KV block: the fixed size, else the page's, else None (unknown)."""
+        if self.tokens_per_block is not None:
+            return float(self.tokens_per_block)
+        if not tokens_per_block:
+            return None
+        for sample in tokens_per_block:
+            _not_negative(
+                sample.value,
+                f"{sample.name} ({LogicalMetric.KV_TOKENS_PER_BLOCK.value})",
+                "not a block size",
+            )
+        return _mean(tokens_per_block)
+
+
 def engine_adapter(
-    engine: EngineKind | str, *, overrides: Overrides | None = None
+    engine: EngineKind | str,
+    *,
+    overrides: Overrides | None = None,
+    capacity_unit: CapacityUnit | None = None,
+    tokens_per_block: int | None = None,
 ) -> EngineAdapter:
     """The adapter for `engine` ("vllm", "sglang", "tgi", "triton", "trtllm"; also
-    "trtllm-serve"), with `overrides` replacing names per logical metric.
+    "trtllm-serve"), with `overrides` replacing names per logical metric, `capacity_unit`
+    what its KV capacity series counts (None: the engine's own, blocks for Triton and
+    trtllm-serve, else tokens) and `tokens_per_block` a fixed block size (None: the page's).
 
-    Raises `ConfigError` naming an unknown engine or logical metric, or an override that
-    would leave waiting or running unread.
+    Raises `ConfigError` naming an unknown engine or logical metric, an override that
+    would leave waiting or running unread, or a block size below 1.
     """
+    if tokens_per_block is not None and tokens_per_block < 1:
+        raise ConfigError(f"tokens_per_block must be 1 or more, not {tokens_per_block}.")
     kind = _engine_kind(engine)
     names = dict(_DEFAULTS[kind])
     for key, value in (overrides or {}).items():
@@ -399,6 +457,8 @@ def engine_adapter(
         engine=kind,
         names=MappingProxyType({m: c for m, c in names.items() if c}),
         capacity_labels=_CAPACITY_LABELS.get(kind),
+        capacity_unit=capacity_unit or ("blocks" if kind in _BLOCK_CAPACITY else "tokens"),
+        tokens_per_block=tokens_per_block,
     )
 
 
@@ -506,8 +566,11 @@ def _as_float(number: int) -> float:
     return math.inf if number > 0 else -math.inf
 
 
-def _lora(samples: list[Sample]) -> tuple[tuple[str, ...], tuple[str, ...], int | None]:
-    """(running, waiting, max_lora) from the series with the latest timestamp value."""
+def _lora(
+    samples: list[Sample],
+) -> tuple[tuple[str, ...], tuple[str, ...] | None, int | None]:
+    """(running, waiting, max_lora) from the series with the latest timestamp value;
+    waiting is None when it repeats the running set (module docstring)."""
     timed = [s for s in samples if not math.isnan(s.value)]
     if not timed:
         return (), (), None
@@ -522,11 +585,11 @@ def _lora(samples: list[Sample]) -> tuple[tuple[str, ...], tuple[str, ...], int 
             _as_float(max_lora),
             f"outside 0..{MAX_LORA_SLOTS}",
         )
-    return (
-        _adapters(current.labels.get("running_lora_adapters", ""), current.name),
-        _adapters(current.labels.get("waiting_lora_adapters", ""), current.name),
-        max_lora,
-    )
+    running = _adapters(current.labels.get("running_lora_adapters", ""), current.name)
+    waiting = _adapters(current.labels.get("waiting_lora_adapters", ""), current.name)
+    if running and set(waiting) == set(running):
+        return running, None, max_lora
+    return running, waiting, max_lora
 
 
 def _recent_adapters(samples: list[Sample], max_lora: int | None) -> tuple[str, ...]:

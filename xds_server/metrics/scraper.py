@@ -63,6 +63,7 @@ from yarl import URL
 from xds_server.clock import Clock, loop_clock
 from xds_server.errors import ConfigError, MetricsError, ScrapeErrorKind
 from xds_server.metrics.engines import (
+    CapacityUnit,
     EngineAdapter,
     EngineKind,
     Overrides,
@@ -122,7 +123,9 @@ class ScrapeTarget:
     """Where a pod's metrics page is and how to read it.
 
     `url` is the full page URL (`http://10.0.0.1:8000/metrics`); `engine` names the model
-    server (see `engines.EngineKind`); `overrides` replace metric names per logical metric.
+    server (see `engines.EngineKind`); `overrides` replace metric names per logical metric,
+    `capacity_unit` and `tokens_per_block` say what its KV capacity series counts
+    (`engines.engine_adapter`; None: the engine's own).
     With `by_name`, an engine that serves its page with prometheus-client (vLLM, SGLang)
     is asked for only the series the adapter reads (`?name[]=...`, prometheus-client's
     own filter): 3 KB instead of 60, a fraction of the CPU per scrape. A server that
@@ -138,6 +141,8 @@ class ScrapeTarget:
     engine: EngineKind | str = EngineKind.VLLM
     overrides: Overrides = field(default_factory=lambda: _EMPTY_OVERRIDES)
     by_name: bool = False
+    capacity_unit: CapacityUnit | None = None
+    tokens_per_block: int | None = None
     health_url: str | None = None
     adapter: EngineAdapter = field(init=False, repr=False, compare=False)
     parsed_url: URL = field(init=False, repr=False, compare=False)
@@ -148,7 +153,12 @@ class ScrapeTarget:
         health = None if self.health_url is None else _http_url(self.health_url, "Health")
         object.__setattr__(self, "parsed_health_url", health)
         object.__setattr__(self, "overrides", MappingProxyType(dict(self.overrides)))
-        adapter = engine_adapter(self.engine, overrides=self.overrides)
+        adapter = engine_adapter(
+            self.engine,
+            overrides=self.overrides,
+            capacity_unit=self.capacity_unit,
+            tokens_per_block=self.tokens_per_block,
+        )
         if self.by_name and adapter.engine in _FILTERABLE:
             parsed = parsed.extend_query([("name[]", name) for name in sorted(adapter.families)])
         object.__setattr__(self, "parsed_url", parsed)

@@ -28,9 +28,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from xds_server.clock import Clock, loop_clock
-from xds_server.config import RoutingConfig
+from xds_server.config import MetricNamesConfig, MetricSeries, RoutingConfig
 from xds_server.errors import ImplausibleMetricsError
-from xds_server.metrics.engines import PodMetrics
+from xds_server.metrics.engines import MetricName, Overrides, PodMetrics
 from xds_server.metrics.scraper import PageCheck, Scraper, ScrapeTarget
 from xds_server.metrics.store import MetricsStore, PodObservation
 from xds_server.policy.capacity import beyond_peers, capacity_peer_group
@@ -40,6 +40,7 @@ __all__ = [
     "CapacityCheck",
     "PodMetricsSource",
     "follow_config",
+    "overrides_of",
     "scrape_targets",
     "signals_of",
 ]
@@ -61,13 +62,32 @@ def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
             host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
             engine = endpoint.engine or pool.engine
             health = _HEALTH_PATHS.get(engine, "/health")
+            reading = config.metrics_of(pool, endpoint.engine or pool.engine)
             targets[endpoint_id(endpoint)] = ScrapeTarget(
                 url=f"http://{host}:{port}{pool.metrics_path}",
                 engine=engine,
                 by_name=config.balancing.scrape_by_name,
+                overrides=overrides_of(reading.names),
+                capacity_unit=reading.capacity_unit,
+                tokens_per_block=reading.tokens_per_block,
                 health_url=f"http://{host}:{endpoint.port}{health}",
             )
     return targets
+
+
+def overrides_of(names: MetricNamesConfig) -> Overrides:
+    """The config's metric names (`pools[].metrics.names`, `engine_metrics`) as the
+    engine adapter's overrides: each logical metric set, to its candidates in order."""
+    overrides: dict[str, tuple[MetricName, ...]] = {}
+    for metric, value in names:
+        if value is None:
+            continue
+        candidates = value if isinstance(value, tuple) else (value,)
+        overrides[metric] = tuple(
+            MetricName(c.name, c.labels) if isinstance(c, MetricSeries) else MetricName(c)
+            for c in candidates
+        )
+    return overrides
 
 
 def signals_of(observation: PodObservation) -> PodSignals | None:
@@ -93,9 +113,13 @@ def signals_of(observation: PodObservation) -> PodSignals | None:
         running=metrics.running,
         kv_usage=metrics.kv_usage,
         kv_capacity_tokens=metrics.kv_capacity_tokens,
-        adapters=tuple(sorted({*metrics.lora_running, *metrics.lora_waiting})),
+        adapters=tuple(sorted({*metrics.lora_running, *(metrics.lora_waiting or ())})),
         running_adapters=tuple(sorted(metrics.lora_running)),
-        waiting_adapters=tuple(sorted(metrics.lora_waiting)),
+        # None: the engine's waiting list repeats its running one (engines.py); placement
+        # then reads the pod's queue, not the list.
+        waiting_adapters=(
+            None if metrics.lora_waiting is None else tuple(sorted(metrics.lora_waiting))
+        ),
         max_adapters=metrics.max_lora,
         recent_adapters=metrics.lora_recent,
         prefix_hit_rate=observation.prefix_hit_rate,
