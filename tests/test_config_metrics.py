@@ -80,3 +80,15 @@ def test_engine_then_pool_overrides_reach_each_target() -> None:
     metrics = trtllm.parse(page)
     assert (metrics.waiting, metrics.running, metrics.kv_usage) == (4, 2, None)
     assert metrics.kv_capacity_tokens == 3200
+
+
+def test_trtllm_serve_is_scraped_on_its_prometheus_page() -> None:
+    # trtllm-serve's /metrics is JSON (iteration stats); its Prometheus page is elsewhere.
+    targets = scrape_targets(parse_config(POOL))
+    assert targets["10.0.0.1:8000"].url == "http://10.0.0.1:8000/prometheus/metrics"
+    assert targets["10.0.0.2:8000"].url == "http://10.0.0.2:8000/metrics"
+    explicit = scrape_targets(parse_config(POOL + "  metrics_path: /custom\n"))
+    assert {t.url for t in explicit.values()} == {
+        "http://10.0.0.1:8000/custom",
+        "http://10.0.0.2:8000/custom",
+    }

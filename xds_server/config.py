@@ -240,9 +240,11 @@ class PoolConfig(_Strict):
     gpu_aware: bool = True
     # The model server, for reading its /metrics (`pools[].engine` in docs/configuration.md).
     engine: Engine = "vllm"
-    # Where each endpoint serves /metrics; by default its serving port.
+    # Where each endpoint serves /metrics; by default its serving port, and its engine's
+    # path (`/metrics`; trtllm-serve's Prometheus page is `/prometheus/metrics`, its
+    # `/metrics` being JSON).
     metrics_port: Annotated[int | None, Field(ge=1, le=65535)] = None
-    metrics_path: Annotated[str, Field(pattern=r"^/")] = "/metrics"
+    metrics_path: Annotated[str | None, Field(pattern=r"^/")] = None
     # How to read the metrics of the endpoints that run the pool's `engine`, over
     # `engine_metrics` (EngineMetricsConfig).
     metrics: EngineMetricsConfig | None = None

@@ -50,6 +50,12 @@ __all__ = [
 _HEALTH_PATHS = {"triton": "/v2/health/ready"}
 
 
+def _metrics_path(engine: str) -> str:
+    """Where `engine` serves its Prometheus page: trtllm-serve's `/metrics` is JSON
+    (iteration stats), its Prometheus page `/prometheus/metrics`."""
+    return "/prometheus/metrics" if engine == "trtllm" else "/metrics"
+
+
 def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
     """Every endpoint of a GPU-aware pool, by endpoint id, with its metrics URL, engine and
     health check."""
@@ -64,7 +70,7 @@ def scrape_targets(config: RoutingConfig) -> dict[str, ScrapeTarget]:
             health = _HEALTH_PATHS.get(engine, "/health")
             reading = config.metrics_of(pool, endpoint.engine or pool.engine)
             targets[endpoint_id(endpoint)] = ScrapeTarget(
-                url=f"http://{host}:{port}{pool.metrics_path}",
+                url=f"http://{host}:{port}{pool.metrics_path or _metrics_path(engine)}",
                 engine=engine,
                 by_name=config.balancing.scrape_by_name,
                 overrides=overrides_of(reading.names),
