@@ -333,6 +333,9 @@ class SimulatedPod:
             app.router.add_post("/tokenize", self._tokenize)
             app.router.add_post("/v1/chat/completions/render", self._render_chat)
             app.router.add_post("/v1/completions/render", self._render_text)
+        if self.flavour is Flavour.TRTLLM_SERVE:
+            # trtllm-serve's Prometheus page (its own /metrics is JSON iteration stats).
+            app.router.add_get("/prometheus/metrics", self._metrics)
         if self.flavour is Flavour.SGLANG:
             app.router.add_get("/get_load", self._sglang_load)
             for path in ("/server_info", "/get_server_info"):

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from llm_sim.metrics_text import Flavour
+from llm_sim.pod import SimulatedPod
+from llm_sim.profiles import H100
 from tests.metrics.scraping import wait_until
 from xds_server.config import parse_config
 from xds_server.metrics.engines import PodMetrics, engine_adapter
@@ -198,3 +201,28 @@ async def test_a_renamed_queue_metric_is_read_through_the_config(renamed_sglang:
     # Without the config's name, the page is a partial page: never read as an idle pod.
     assert plain_pod is not None and plain_pod.metrics is None
     assert plain_pod.last_error is not None and "sglang:num_queue_reqs" in plain_pod.last_error
+
+
+async def test_a_trtllm_serve_pool_is_read_in_tokens_from_its_prometheus_page() -> None:
+    """A trtllm pool with no metrics_path: scraped at /prometheus/metrics, its KV capacity
+    the blocks times the page's block size, through the config, the scraper and a pod."""
+    store = MetricsStore()
+    async with SimulatedPod("t", flavour=Flavour.TRTLLM_SERVE) as pod:
+        port = pod.url.rsplit(":", 1)[1]
+        config = parse_config(
+            "pools:\n- name: t\n  models: [m]\n  engine: trtllm\n"
+            f"  endpoints: [{{address: 127.0.0.1, port: {port}}}]\n"
+        )
+        (target,) = scrape_targets(config).values()
+        assert target.url.endswith("/prometheus/metrics")
+        async with Scraper(store, interval_s=0.02, seed=1) as scraper:
+            scraper.set_targets({"t": target})
+
+            def read() -> bool:
+                observation = store.observation("t", now=time.monotonic())
+                return observation is not None and observation.metrics is not None
+
+            await wait_until(read, limit_s=10.0)
+    observation = store.observation("t", now=time.monotonic())
+    assert observation is not None and observation.metrics is not None
+    assert observation.metrics.kv_capacity_tokens == H100.kv_blocks * H100.block_size
