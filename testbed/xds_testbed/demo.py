@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Console, Group
@@ -40,7 +41,7 @@ from xds_server.config import RoutingConfig
 from xds_server.xds.resources import ResourceType
 from xds_testbed.gateway import LocalGateway, run_local_gateway
 
-__all__ = ["run_demo"]
+__all__ = ["ERRORS_LEGEND", "run_demo"]
 
 MODEL = "llama-3.1-8b"
 PODS = (
@@ -52,6 +53,11 @@ PODS = (
 # Chat-like requests, shorter than the benchmark's so each phase drains quickly.
 PROMPT_WORDS, OUTPUT_TOKENS = 300, 80
 LOAD = 0.65  # of the fleet's nominal capacity
+ERRORS_LEGEND = (
+    "errors: requests of the trace that got no complete 200: an HTTP error or refusal (a"
+    " 503, a 429), or no full response (connection refused or reset, a stream cut short, a"
+    " timeout, or not sent: 2,000 already open)"
+)
 
 
 @dataclass(frozen=True)
@@ -67,23 +73,26 @@ PHASES = (
 )
 
 
-def _config(listener_port: int, fleet: Fleet | None, balancing: str) -> RoutingConfig:
-    """The demo's pool over `fleet`'s pods (none when `fleet` is None)."""
+def _document(listener_port: int, fleet: Fleet | None, balancing: str) -> dict[str, Any]:
+    """The demo's routing document: its pool over `fleet`'s pods (none when `fleet` is
+    None: between phases, the pods retired before they stop)."""
     endpoints = [] if fleet is None else fleet.endpoints()
-    return RoutingConfig.model_validate(
-        {
-            "listener": {"address": "127.0.0.1", "port": listener_port},
-            "updates": {"debounce_s": 0.05},
-            "pools": [
-                {
-                    "name": "llama",
-                    "models": [MODEL],
-                    "balancing": balancing,
-                    "endpoints": [{"address": host, "port": port} for _, host, port in endpoints],
-                }
-            ],
-        }
-    )
+    return {
+        "listener": {"address": "127.0.0.1", "port": listener_port},
+        "updates": {"debounce_s": 0.05},
+        "pools": [
+            {
+                "name": "llama",
+                "models": [MODEL],
+                "balancing": balancing,
+                "endpoints": [{"address": host, "port": port} for _, host, port in endpoints],
+            }
+        ],
+    }
+
+
+def _config(listener_port: int, fleet: Fleet | None, balancing: str) -> RoutingConfig:
+    return RoutingConfig.model_validate(_document(listener_port, fleet, balancing))
 
 
 def _trace_spec(duration_s: float) -> TraceSpec:
@@ -153,38 +162,43 @@ def _view(
 async def _phase(
     phase: _Phase,
     *,
+    fleet: Fleet,
     gateway: LocalGateway,
     listener_port: int,
     trace_path: Path,
     duration_s: float,
     console: Console,
 ) -> tuple[Summary, dict[str, int]]:
-    """Run the trace once through Envoy with `phase`'s balancing on a fresh fleet."""
-    async with Fleet(PODS, model=MODEL, stream_interval=4, seed=7) as fleet:
-        gateway.app.submit_config(_config(listener_port, fleet, phase.balancing))
-        snapshot = await gateway.app.controller.settled()
-        assert snapshot is not None
-        await gateway.app.registry.wait_for_ack("eds", snapshot.versions[ResourceType.ENDPOINT])
-        started = time.monotonic()
-        replaying = asyncio.create_task(
-            run_replay_in_subprocess(
-                trace_path, url=gateway.url, timeout_s=duration_s + 10, max_in_flight=2000
-            )
+    """Run the trace once through Envoy with `phase`'s balancing on `fleet`, fresh."""
+    gateway.app.submit_config(_config(listener_port, fleet, phase.balancing))
+    snapshot = await gateway.app.controller.settled()
+    assert snapshot is not None
+    await gateway.app.registry.wait_for_ack("eds", snapshot.versions[ResourceType.ENDPOINT])
+    started = time.monotonic()
+    replaying = asyncio.create_task(
+        run_replay_in_subprocess(
+            trace_path, url=gateway.url, timeout_s=duration_s + 10, max_in_flight=2000
         )
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
-            while not replaying.done():
-                live.update(_view(phase.title, fleet, gateway, started, duration_s))
-                await asyncio.wait({replaying}, timeout=0.25)
+    )
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        while not replaying.done():
             live.update(_view(phase.title, fleet, gateway, started, duration_s))
-        result = replaying.result()
-        routed = {pod.name: sum(pod.state_snapshot().engine.finished.values()) for pod in fleet}
-        # Retire the pods before they stop, as a drained deployment would.
-        gateway.app.submit_config(_config(listener_port, None, phase.balancing))
+            await asyncio.wait({replaying}, timeout=0.25)
+        live.update(_view(phase.title, fleet, gateway, started, duration_s))
+    result = replaying.result()
+    routed = {pod.name: sum(pod.state_snapshot().engine.finished.values()) for pod in fleet}
+    # Retire the pods before they stop, as a drained deployment would.
+    gateway.app.submit_config(_config(listener_port, None, phase.balancing))
     return summarize(result.results, duration_s=duration_s), routed
 
 
 def _comparison(summaries: Sequence[tuple[_Phase, Summary, dict[str, int]]]) -> Table:
-    table = Table(title="Same traffic, two policies", title_justify="left")
+    table = Table(
+        title="Same traffic, two policies",
+        title_justify="left",
+        caption=ERRORS_LEGEND,
+        caption_justify="left",
+    )
     for column in ("policy", "TTFT p50", "TTFT p99", "output tok/s", "to slow pods", "errors"):
         table.add_column(column, justify="left" if column == "policy" else "right")
 
@@ -205,6 +219,33 @@ def _comparison(summaries: Sequence[tuple[_Phase, Summary, dict[str, int]]]) -> 
     return table
 
 
+async def _start_gateway(
+    stack: contextlib.AsyncExitStack,
+    config_path: Path,
+    document: dict[str, Any],
+    *,
+    console: Console,
+) -> LocalGateway:
+    """Start the server on `document` (written to `config_path`) and Envoy, until `stack`
+    closes; the demo then submits its configs in process."""
+    await asyncio.to_thread(config_path.write_text, yaml.safe_dump(document))
+    with console.status("Starting the xDS server and Envoy..."):
+        gateway = await stack.enter_async_context(
+            run_local_gateway(config_path, config_poll_s=3600)
+        )
+    console.print(
+        f"Envoy listens on [bold]{gateway.url}[/]; this server's admin is on "
+        f"http://127.0.0.1:{gateway.app.admin_port} (/metrics), debug views on"
+        f" http://127.0.0.1:{gateway.app.debug_port} (/debug/nodes)."
+    )
+    return gateway
+
+
+def _port(gateway: LocalGateway) -> int:
+    """Envoy's listener port (the one asked for, or the one picked for port 0)."""
+    return int(gateway.url.rsplit(":", 1)[1])
+
+
 async def run_demo(
     *, listener_port: int = 8080, phase_s: float = 15.0, duration_s: float | None = None
 ) -> None:
@@ -218,38 +259,31 @@ async def run_demo(
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="xds-demo-")))
         trace_path = workdir / "trace.jsonl"
         generate_trace(_trace_spec(phase_s), seed=1).save(trace_path)
-        config_path = workdir / "config.yaml"
-        config_path.write_text(
-            yaml.safe_dump(
-                {
-                    "listener": {"address": "127.0.0.1", "port": listener_port},
-                    "pools": [{"name": "llama", "models": [MODEL], "endpoints": []}],
-                }
-            )
-        )
-        with console.status("Starting the xDS server and Envoy..."):
-            gateway = await stack.enter_async_context(
-                run_local_gateway(config_path, config_poll_s=3600)
-            )
-        port = int(gateway.url.rsplit(":", 1)[1])
-        console.print(
-            f"Envoy listens on [bold]{gateway.url}[/]; this server's admin is on "
-            f"http://127.0.0.1:{gateway.app.admin_port} (/metrics), debug views on"
-            f" http://127.0.0.1:{gateway.app.debug_port} (/debug/nodes)."
-        )
+        gateway: LocalGateway | None = None
         summaries = []
         for phase in PHASES:
-            summary, routed = await _phase(
-                phase,
-                gateway=gateway,
-                listener_port=port,
-                trace_path=trace_path,
-                duration_s=phase_s,
-                console=console,
-            )
+            async with Fleet(PODS, model=MODEL, stream_interval=4, seed=7) as fleet:
+                if gateway is None:
+                    # Started on the first phase's pods: the server rightly warns about a
+                    # config whose pool has none.
+                    first = _document(listener_port, fleet, phase.balancing)
+                    gateway = await _start_gateway(
+                        stack, workdir / "config.yaml", first, console=console
+                    )
+                summary, routed = await _phase(
+                    phase,
+                    fleet=fleet,
+                    gateway=gateway,
+                    listener_port=_port(gateway),
+                    trace_path=trace_path,
+                    duration_s=phase_s,
+                    console=console,
+                )
             summaries.append((phase, summary, routed))
             if stop.is_set():
                 return
+        assert gateway is not None
+        port = _port(gateway)
         console.print(_comparison(summaries))
         fleet = await stack.enter_async_context(Fleet(PODS, model=MODEL, stream_interval=1, seed=7))
         gateway.app.submit_config(_config(port, fleet, "least_request"))

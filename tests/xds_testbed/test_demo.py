@@ -39,3 +39,6 @@ def test_demo_compares_policies_on_a_simulated_fleet() -> None:
     ):
         assert expected in out, (expected, out[-3000:])
     assert "curl -N http://127.0.0.1:" in out
+    assert "errors: requests of the trace that got no complete 200" in " ".join(out.split())
+    # The demo's own pool is never without pods: the server has nothing to warn about.
+    assert "WARNING" not in completed.stderr, completed.stderr[-2000:]
