@@ -45,6 +45,7 @@ from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 from xds_server.telemetry.loop_lag import timing_gc, watch_loop_lag
 from xds_server.telemetry.pods import PodCollector
 from xds_server.telemetry.pools import PoolCollector
+from xds_server.telemetry.saturation import SaturationCollector
 from xds_server.telemetry.scrape import ScrapeTelemetry
 from xds_server.verdicts import PodVerdicts, run_probes
 from xds_server.xds.access_logs import AccessLogServer, PrefillingPrompts
@@ -154,6 +155,7 @@ class XdsApplication:
         self.telemetry.registry.register(PodCollector(self.pods, self.controller))
         self.telemetry.registry.register(BandCollector(self.controller, self.envoy_load))
         self.telemetry.registry.register(PoolCollector(self.controller))
+        self.telemetry.registry.register(SaturationCollector(self.pods, self.controller))
         self.discovery: KubernetesDiscovery | None = None
         self._kubernetes_api: Any = None
         self._kubernetes_telemetry: KubernetesTelemetry | None = None

@@ -96,6 +96,10 @@ class EndpointConfig(_Strict):
     name: Annotated[
         str | None, Field(pattern=r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,318}[A-Za-z0-9])?$")
     ] = None
+    # The Kubernetes namespace of the pod behind the endpoint (discovery sets it, and `name`
+    # to `namespace/name`): the `model_server_namespace` and `model_server_pod` labels of
+    # the xds_pod_* metrics, which join them with the pod's own series.
+    namespace: _Namespace | None = None
     # A static weight, used as is when the pool's metrics are not scraped (round robin, or
     # no metrics yet); GPU-aware balancing replaces it with a weight from live metrics.
     weight: Annotated[int, Field(ge=1, le=1_000_000)] = 1
@@ -111,6 +115,14 @@ class EndpointConfig(_Strict):
     def ring_key(self) -> str:
         """What Envoy hashes for this endpoint on a session-affinity ring."""
         return self.name or f"{self.address}:{self.port}"
+
+    @property
+    def pod_name(self) -> str:
+        """The pod's name in its namespace when known, else `name`, else `address:port`."""
+        name = self.ring_key
+        if self.namespace is not None and name.startswith(f"{self.namespace}/"):
+            return name[len(self.namespace) + 1 :]
+        return name
 
     @field_validator("address")
     @classmethod

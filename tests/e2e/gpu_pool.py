@@ -98,7 +98,7 @@ async def pod_samples(gateway: LocalGateway) -> dict[tuple[str, str], float]:
         async with http.get(f"http://127.0.0.1:{gateway.app.admin_port}/metrics") as response:
             text = await response.text()
     return {
-        (s.name, s.labels["pod"]): s.value
+        (s.name, s.labels["endpoint"]): s.value
         for family in text_string_to_metric_families(text)
         for s in family.samples
         if s.name.startswith("xds_pod_")

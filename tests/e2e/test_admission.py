@@ -101,7 +101,7 @@ async def test_two_envoys_admit_within_the_pool_limit_by_strict_priority(  # typ
         def sample(name: str, **labels: str) -> float | None:
             return registry.get_sample_value(name, {"pool": "pool", **labels})
 
-        assert sample("xds_pool_capacity") == 2 * CONCURRENCY
+        assert sample("xds_pool_admission_capacity_requests") == 2 * CONCURRENCY
         assert sample("xds_band_limit", band="critical") == 1_000_000
         # The fleet-wide budget, each Envoy's part of it, and how many Envoys share it.
         assert sample("xds_band_budget", band="critical") == 1_000_000

@@ -95,9 +95,9 @@ async def test_a_queueing_pods_spill_and_a_silent_pods_absence_are_explained(
         assert "weight_queue" in codes, explained
         assert (await states())[ids[a.port]]["reasons"] == []
         spilling = await labelled_samples(gateway, "xds_pod_spilling")
-        assert {(s["pod"], s["reason"]) for s in spilling} == {(ids[b.port], "spill_queue")}
+        assert {(s["endpoint"], s["reason"]) for s in spilling} == {(ids[b.port], "spill_queue")}
         state = await labelled_samples(gateway, "xds_pod_state")
-        got = {s["pod"]: (s["pool"], s["state"], s["reason"]) for s in state}
+        got = {s["endpoint"]: (s["pool"], s["state"], s["reason"]) for s in state}
         assert got[ids[b.port]] == ("gpu", "spilling", "spill_queue")
         assert got[ids[a.port]] == ("gpu", "healthy", "none")
 
@@ -110,7 +110,7 @@ async def test_a_queueing_pods_spill_and_a_silent_pods_absence_are_explained(
         (reason,) = [r for r in (await states())[ids[c.port]]["reasons"]]
         assert reason["code"] == "stale" and reason["detail"].startswith("silent for"), reason
         state = await labelled_samples(gateway, "xds_pod_state")
-        got = {s["pod"]: (s["pool"], s["state"], s["reason"]) for s in state}
+        got = {s["endpoint"]: (s["pool"], s["state"], s["reason"]) for s in state}
         assert got[ids[c.port]] == ("gpu", "unhealthy", "stale")
         assert {s["reason"] for s in state} <= {*CODES, "none"}
         assert set((await decision(gateway, pool="gpu"))["pools"]) == {"gpu"}

@@ -63,7 +63,7 @@ async def test_weights_follow_queues_and_capacity(pods: list[FakeVllmPod], tmp_p
             assert samples[("xds_pod_weight", pod_id)] == envoy_weights[pod.port]
             assert samples[("xds_pod_healthy", pod_id)] == 1
             assert samples[("xds_pod_requests_waiting", pod_id)] == 0
-            assert samples[("xds_pod_kv_cache_usage", pod_id)] == 0.2
+            assert samples[("xds_pod_kv_cache_usage_ratio", pod_id)] == 0.2
             assert samples[("xds_pod_metrics_age_seconds", pod_id)] < 1
 
 

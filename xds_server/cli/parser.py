@@ -7,23 +7,14 @@ import argparse
 import os
 import socket
 from collections.abc import Mapping
-from importlib import metadata
 from pathlib import Path
 
 from xds_server.cli.environment import EnvironmentParser
+from xds_server.telemetry.build_info import package_version
 
-__all__ = ["build_parser", "version"]
+__all__ = ["build_parser"]
 
 DESCRIPTION = "An xDS management server for GPU-aware balancing of LLM traffic by Envoy."
-
-
-def version() -> str:
-    """The installed package's version (its metadata), or "unknown" when the code runs
-    from a checkout that was never installed."""
-    try:
-        return metadata.version("xds-server")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> EnvironmentParser:
@@ -36,7 +27,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> EnvironmentParser:
         epilog="Every flag can also be set by the environment variable shown beside it; a flag"
         " on the command line wins.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],

@@ -50,6 +50,7 @@ __all__ = [
     "PodsHeld",
     "PoolAdmission",
     "admit",
+    "nominal_concurrency",
     "plausible_load",
     "pod_capacity",
 ]
@@ -121,20 +122,18 @@ class PoolAdmission:
         split = self.by_lane.get(node_id, {}).get(band, {})
         return split.get(lane, self.limits_of(node_id)[band])
 
-    @property
-    def saturation(self) -> float:
-        """Requests in flight over capacity; above 1 means requests queue in the pods."""
-        total = sum(self.in_flight.values())
-        if self.capacity == 0:
-            return math.inf if total else 0.0
-        return total / self.capacity
+
+def nominal_concurrency(hardware: str | None, *, settings: FlowControlConfig) -> int:
+    """Requests a pod of class `hardware` serves at once when it is not full: the class's
+    `pod_concurrency`, else `default_pod_concurrency`."""
+    return settings.pod_concurrency.get(hardware or "", settings.default_pod_concurrency)
 
 
 def pod_capacity(
     pod: PodCapacity, *, settings: FlowControlConfig, tuning: Tuning = _DEFAULT_TUNING
 ) -> int:
     """Requests `pod` serves at once now (module docstring)."""
-    slots = settings.pod_concurrency.get(pod.hardware or "", settings.default_pod_concurrency)
+    slots = nominal_concurrency(pod.hardware, settings=settings)
     full = pod.waiting > 0 or (
         pod.kv_usage is not None and pod.kv_usage >= tuning.admission_kv_full
     )

@@ -1,7 +1,7 @@
 """Flow-control Prometheus metrics, per pool and band, read at scrape time.
 
-Budgets, the spread of the Envoys' limits, Retry-After, capacity, saturation and requests in flight
-(over the fleet) are what the policy last decided from (`Decision.admissions`); admitted
+Budgets, the spread of the Envoys' limits, Retry-After, admission's capacity and requests in
+flight (over the fleet) are what the policy last decided from (`Decision.admissions`); admitted
 and refused requests are what this replica's Envoys reported over LRS, by pool and band.
 A collector, like pods.py, so that pools, bands and Envoys that go away leave no stale
 series behind.
@@ -48,7 +48,7 @@ class BandTotalsSource(Protocol):
 
 
 class BandCollector(Collector):
-    """xds_band_* and xds_pool_* flow-control metrics."""
+    """xds_band_* and xds_pool_admission_capacity_requests: flow control's metrics."""
 
     def __init__(self, decisions: DecisionView, totals: BandTotalsSource | None) -> None:
         self._decisions = decisions
@@ -104,13 +104,10 @@ class BandCollector(Collector):
             labels=labels,
         )
         capacity = GaugeMetricFamily(
-            "xds_pool_capacity",
-            "Requests the pool's ready pods serve at once without queueing.",
-            labels=["pool"],
-        )
-        saturation = GaugeMetricFamily(
-            "xds_pool_saturation",
-            "Requests in flight over capacity (above 1: requests queue in the pods).",
+            "xds_pool_admission_capacity_requests",
+            "Requests the pool's ready pods serve at once as admission counts them: a pod"
+            " that queues, or whose KV cache is full, at what it runs now (the band"
+            " budgets share this).",
             labels=["pool"],
         )
         config = self._decisions.config
@@ -123,7 +120,6 @@ class BandCollector(Collector):
         for name in sorted(admissions):
             admission = admissions[name]
             capacity.add_metric([name], admission.capacity)
-            saturation.add_metric([name], admission.saturation)
             for band in BANDS:
                 limit.add_metric([name, band], admission.max_requests[band])
                 budget.add_metric([name, band], admission.budget[band])
@@ -149,5 +145,4 @@ class BandCollector(Collector):
             admitted,
             refused,
             capacity,
-            saturation,
         )

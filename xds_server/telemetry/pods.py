@@ -2,6 +2,13 @@
 
 A custom collector rather than labelled gauges: the set of pods changes all the time, and a
 collector reports exactly the pods known now, with no stale series left behind.
+
+Every series names its pod so that it joins with the model server's own series: `endpoint`
+(`IP:port`, as the server keys pods), `model_server_pod` and `model_server_namespace` (the
+Kubernetes pod, for pods found there; else the endpoint's configured `name`, or its
+`IP:port`, and ""), and `hardware` (its class, or ""). Not `pod`: it would clash with
+the target label Prometheus gives the server's own pod (which keeps the name, and ours
+becomes `exported_pod`).
 """
 
 from __future__ import annotations
@@ -12,11 +19,13 @@ from typing import Protocol
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from xds_server.config import EndpointConfig, RoutingConfig
 from xds_server.metrics.store import PodObservation
-from xds_server.policy.state import Health
+from xds_server.policy.signals import endpoint_id
+from xds_server.policy.state import EndpointState, Health
 from xds_server.telemetry.bands import DecisionView
 
-__all__ = ["Observations", "PodCollector"]
+__all__ = ["LABELS", "Observations", "PodCollector"]
 
 
 class Observations(Protocol):
@@ -25,14 +34,14 @@ class Observations(Protocol):
     def observations(self) -> Mapping[str, PodObservation]: ...
 
 
-_LABELS = ["pool", "pod"]
-# Labels some families have besides pool and pod (reasons come from a bounded set:
+LABELS = ("pool", "endpoint", "model_server_pod", "model_server_namespace", "hardware")
+# Labels some families have besides the pod's (reasons come from a bounded set:
 # policy/reasons.py CODES).
 _EXTRA = {"verdict": ("reason",), "spilling": ("reason",), "state": ("state", "reason")}
 
 # Each family: its key in `collect`, its name and its documentation.
 _FAMILIES = {
-    "kv": ("xds_pod_kv_cache_usage", "KV-cache use (0..1) the pod reported."),
+    "kv": ("xds_pod_kv_cache_usage_ratio", "KV-cache use (0..1) the pod reported."),
     "waiting": ("xds_pod_requests_waiting", "Requests queued in the pod's engine."),
     "running": ("xds_pod_requests_running", "Requests running in the pod's engine."),
     "adapters": ("xds_pod_lora_adapters", "LoRA adapters the pod holds or is loading."),
@@ -75,6 +84,28 @@ _FAMILIES = {
 }
 
 
+def _configured(config: RoutingConfig | None) -> dict[tuple[str, str], EndpointConfig]:
+    """Every endpoint of `config`, by pool and endpoint id."""
+    if config is None:
+        return {}
+    return {(pool.name, endpoint_id(e)): e for pool in config.pools for e in pool.endpoints}
+
+
+def _labels(pool: str, endpoint: EndpointState, configured: EndpointConfig | None) -> list[str]:
+    """The values of LABELS for `endpoint` of `pool`: from its entry in the config in force
+    when it has one (the namespace is known only there), else from the decided state (a
+    config changed since the decision)."""
+    if configured is not None:
+        return [
+            pool,
+            endpoint.id,
+            configured.pod_name,
+            configured.namespace or "",
+            configured.hardware or "",
+        ]
+    return [pool, endpoint.id, endpoint.ring_key, "", endpoint.hardware or ""]
+
+
 class PodCollector(Collector):
     """xds_pod_* gauges: one series per pod of every GPU-aware pool."""
 
@@ -84,14 +115,15 @@ class PodCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {
-            key: GaugeMetricFamily(name, documentation, labels=[*_LABELS, *_EXTRA.get(key, ())])
+            key: GaugeMetricFamily(name, documentation, labels=[*LABELS, *_EXTRA.get(key, ())])
             for key, (name, documentation) in _FAMILIES.items()
         }
         observations = self._pods.observations()
+        configured = _configured(self._decisions.config)
         for pool in self._decisions.decision.pools.values():
             for endpoint in pool.endpoints:
                 pod_id = endpoint.id
-                labels = [pool.name, pod_id]
+                labels = _labels(pool.name, endpoint, configured.get((pool.name, pod_id)))
                 families["weight"].add_metric(labels, endpoint.weight)
                 if endpoint.ring_weight is not None:
                     families["ring"].add_metric(labels, endpoint.ring_weight)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from xds_server.telemetry.build_info import register_build_info
+
 __all__ = ["Telemetry"]
 
 _PUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -19,6 +21,7 @@ class Telemetry:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        register_build_info(r)
         self.connected_streams = Gauge(
             "xds_connected_streams", "ADS streams currently open.", ["protocol"], registry=r
         )

@@ -80,6 +80,8 @@ def test_ready_running_pods_are_endpoints_with_their_labels() -> None:
     assert not endpoint.draining
     # The session ring places keys by the pod's name, not its IP.
     assert endpoint.name == endpoint.ring_key == "ml/a"
+    # Its namespace and name label its metrics (model_server_namespace, model_server_pod).
+    assert (endpoint.namespace, endpoint.pod_name) == ("ml", "a")
     # An engine label we cannot read is ignored (the pool's engine applies).
     assert pod_endpoint(pod("a", labels={ENGINE_LABEL: "nope"}), port=1).engine is None  # type: ignore[union-attr]
 

@@ -139,6 +139,7 @@ def pod_endpoint(pod: Mapping[str, Any], *, port: int) -> EndpointConfig | None:
             address=address,
             port=port,
             name=_qualified_name(pod),
+            namespace=_metadata(pod).get("namespace") or None,
             hardware=labels.get(HARDWARE_LABEL) or None,
             engine=engine if engine in _ENGINES else None,
             draining=terminating,
