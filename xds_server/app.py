@@ -32,6 +32,7 @@ from xds_server.metrics.scraper import Scraper
 from xds_server.metrics.store import MetricsStore
 from xds_server.peering.kubernetes_peers import KubernetesPeers
 from xds_server.peering.links import PeerLinks
+from xds_server.peering.remote_clusters import RemoteClusters, pool_reports
 from xds_server.peering.reports import ReplicaReport
 from xds_server.peering.service import PeeringServer
 from xds_server.settings import ServerSettings, TlsSettings
@@ -41,6 +42,7 @@ from xds_server.sources.pod_metrics import PodMetricsSource, follow_config
 from xds_server.sources.routing_config import routing_config_documents
 from xds_server.telemetry import Telemetry
 from xds_server.telemetry.bands import BandCollector
+from xds_server.telemetry.failover import FailoverCollector
 from xds_server.telemetry.kubernetes_api import KubernetesTelemetry
 from xds_server.telemetry.loop_lag import timing_gc, watch_loop_lag
 from xds_server.telemetry.pods import PodCollector
@@ -112,6 +114,14 @@ class XdsApplication:
             credentials=self._tls.channel_credentials if self._tls is not None else None,
             server_name=settings.tls.peer_server_name if settings.tls is not None else None,
         )
+        # Other clusters' gateways that pools fail over to, and their servers' summaries.
+        self.remote_clusters = RemoteClusters(
+            replica=settings.replica,
+            registry=self.telemetry.registry,
+            clock=clock,
+            credentials=self._tls.channel_credentials if self._tls is not None else None,
+            server_name=settings.tls.peer_server_name if settings.tls is not None else None,
+        )
         # Pods judged by what the Envoys report of them; a verdict decides at once, and a
         # verdict or a suspicion wakes the probes.
         self._probe_wake = asyncio.Event()
@@ -138,11 +148,13 @@ class XdsApplication:
             telemetry=self.telemetry,
             signals=self.pods.signals,
             load=self.envoy_load,
+            remotes=self.remote_clusters,
             clock=clock,
         )
         self.load_reports.subscribe(self.controller.load_changed)
         self.long_prompts.subscribe(self.controller.load_changed)
         self.peers.subscribe(self.controller.peers_changed)
+        self.remote_clusters.subscribe(self.controller.peers_changed)
         self.registry.subscribe(self.controller.envoy_connected, self.controller.envoy_rejected)
         scrape_telemetry = ScrapeTelemetry(self.telemetry.registry)
         self.scraper = Scraper(
@@ -155,6 +167,7 @@ class XdsApplication:
         self.telemetry.registry.register(PodCollector(self.pods, self.controller))
         self.telemetry.registry.register(BandCollector(self.controller, self.envoy_load))
         self.telemetry.registry.register(PoolCollector(self.controller))
+        self.telemetry.registry.register(FailoverCollector(self.controller))
         self.telemetry.registry.register(SaturationCollector(self.pods, self.controller))
         self.discovery: KubernetesDiscovery | None = None
         self._kubernetes_api: Any = None
@@ -205,6 +218,7 @@ class XdsApplication:
                 else settings.debug_port
             ),
         )
+        self._pools_reported: tuple[tuple[object, ...], ReplicaReport] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._grpc: grpc.aio.Server | None = None
         self._stack = contextlib.AsyncExitStack()
@@ -238,6 +252,10 @@ class XdsApplication:
             "replica": self.settings.replica,
             "peers": self.peers.to_json(),
             "verdicts": self.verdicts.to_json(),
+            "remote_servers": self.remote_clusters.links.to_json(),
+            "failover": {
+                pool: plan.to_json() for pool, plan in self.controller.decision.failover.items()
+            },
             **self.envoy_load.to_json(
                 self.controller.config, self.controller.decision, node=node
             ),
@@ -246,6 +264,29 @@ class XdsApplication:
     def _own_report(self) -> ReplicaReport:
         """What this replica's peers are told: its own Envoys' load."""
         return self.envoy_load.local_report(self.controller.config)
+
+    def _pools_report(self) -> ReplicaReport:
+        """What other clusters' servers are told: this cluster's pools (their health,
+        saturation, capacity and failover), the same object while nothing changed."""
+        decision, config = self.controller.decision, self.controller.config
+        signals = self.pods.signals(self._clock())
+        key = (config, decision, signals)
+        cached = self._pools_reported
+        if cached is not None and all(a is b for a, b in zip(cached[0], key, strict=True)):
+            return cached[1]
+        report = (
+            pool_reports(
+                config,
+                replica=self.settings.replica,
+                states=decision.pools,
+                failover=decision.failover,
+                signals=signals,
+            )
+            if config is not None
+            else ReplicaReport(replica=self.settings.replica, pools={})
+        )
+        self._pools_reported = (key, report)
+        return report
 
     async def __aenter__(self) -> XdsApplication:
         if self._state is not _State.UNOPENED:
@@ -271,6 +312,7 @@ class XdsApplication:
             stack.enter_context(timing_gc(self.telemetry))
             self.peers.set_peers(self.settings.peers)
             stack.push_async_callback(self.peers.close)
+            stack.push_async_callback(self.remote_clusters.close)
             self._stack = stack.pop_all()
         s = self.settings
         logger.info(
@@ -317,7 +359,9 @@ class XdsApplication:
                     authenticator=self._authenticator,
                 ).generic_handler(),
                 PeeringServer(
-                    report=self._own_report, authenticator=self._authenticator
+                    report=self._own_report,
+                    pools=self._pools_report,
+                    authenticator=self._authenticator,
                 ).generic_handler(),
             )
         )
@@ -338,6 +382,7 @@ class XdsApplication:
             asyncio.create_task(self.controller.run(), name="controller"),
             asyncio.create_task(self._follow_config(), name="config-source"),
             asyncio.create_task(watch_loop_lag(self.telemetry), name="loop-lag"),
+            asyncio.create_task(self.remote_clusters.run(), name="remote-clusters"),
             asyncio.create_task(
                 run_probes(self.verdicts, self._probe_wake, clock=self._clock), name="probes"
             ),
@@ -385,6 +430,7 @@ class XdsApplication:
     def submit_config(self, config: RoutingConfig) -> None:
         """Put `config` in force: what to scrape, and (debounced) what Envoy holds."""
         follow_config(self.scraper, config)
+        self.remote_clusters.follow(config)
         self.controller.submit(config)
 
     async def wait_ready(self, within_s: float = 10.0) -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "EndpointConfig",
     "Engine",
     "EngineMetricsConfig",
+    "FailoverConfig",
     "FlowControlConfig",
     "Lane",
     "ListenerConfig",
@@ -49,6 +50,8 @@ __all__ = [
     "ParseLimits",
     "PodSelector",
     "PoolConfig",
+    "RemoteConfig",
+    "RemoteTlsConfig",
     "RewriteTarget",
     "RoutingConfig",
     "ScorerWeights",
@@ -218,6 +221,84 @@ class EngineMetricsConfig(_Strict):
         )
 
 
+_HostName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$|^[0-9a-fA-F:]+$",
+    ),
+]
+_PeerAddress = Annotated[str, Field(pattern=r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")]
+
+
+class RemoteTlsConfig(_Strict):
+    """TLS from the Envoys to a remote gateway (an UpstreamTlsContext: docs/global.md)."""
+
+    # The name the remote's certificate is for, sent as SNI and verified.
+    sni: _HostName
+    # The CA bundle (PEM) the remote's certificate must chain to, a path on the Envoys.
+    ca_file: Annotated[str, Field(pattern=r"^/[^\x00]*$", max_length=4096)]
+    # A client certificate and key (PEM paths on the Envoys) when the remote asks for one.
+    cert_file: Annotated[str | None, Field(pattern=r"^/[^\x00]*$", max_length=4096)] = None
+    key_file: Annotated[str | None, Field(pattern=r"^/[^\x00]*$", max_length=4096)] = None
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> RemoteTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+
+class RemoteConfig(_Strict):
+    """Another cluster's gateway serving the same models: where a pool's traffic goes when
+    its own pods cannot take it (EDS priority 1: docs/global.md)."""
+
+    # Names the remote in metrics and logs (`remote` label).
+    name: Name
+    # An IP address, or a DNS name the server resolves (a Kubernetes Service, e.g.
+    # `llm-gateway.llm.svc.clusterset.local`, or any host name): every address it has is
+    # an endpoint.
+    address: _HostName
+    port: Port
+    # The remote server's peering address ("host:port", its xDS port): its per-pool
+    # summaries (health, saturation, capacity) steer the failover (docs/global.md). None:
+    # the remote is used blind (Envoy's outlier detection alone judges it).
+    peer: _PeerAddress | None = None
+    # The pool's name in the remote cluster (None: the same name).
+    pool: Name | None = None
+    # TLS to the remote gateway; None: plaintext.
+    tls: RemoteTlsConfig | None = None
+    # Its share among the pool's usable remotes, before their summaries adjust it.
+    weight: Annotated[int, Field(ge=1, le=1000)] = 100
+
+
+class FailoverConfig(_Strict):
+    """When a pool with `remotes` sends traffic to them, and how it takes it back
+    (policy/failover.py, docs/global.md)."""
+
+    # Saturation (requests running and waiting over the pods' batch limit) at which the
+    # pool starts shedding to its remotes.
+    saturation: Annotated[float, Field(gt=0, le=100)] = 1.5
+    # While any traffic goes to remotes: at or above this, the local share steps down;
+    # at or below `grow_below` (and no pod queueing) it steps up; between, it holds.
+    back_off_at: Annotated[float, Field(gt=0, le=100)] = 1.0
+    grow_below: Annotated[float, Field(gt=0, le=100)] = 0.8
+    # Local pods healthy for this long before traffic returns to them.
+    hold_s: Annotated[float, Field(ge=0, le=600)] = 2.0
+    # From the first step back to all traffic local, at best (steps every `step_s`).
+    ramp_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    step_s: Annotated[float, Field(gt=0, le=60)] = 1.0
+    # The least local share a saturated pool keeps (it still serves what it can).
+    min_share: Annotated[float, Field(ge=0.01, le=1)] = 0.1
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FailoverConfig:
+        if not self.grow_below < self.back_off_at <= self.saturation:
+            raise ValueError("failover needs grow_below < back_off_at <= saturation")
+        return self
+
+
 class PoolConfig(_Strict):
     """A set of interchangeable model-server endpoints that serve the same models."""
 
@@ -277,6 +358,9 @@ class PoolConfig(_Strict):
     stream_idle_s: Annotated[float, Field(ge=0, le=3600)] = 60.0
     # The policy's numbers for this pool, over `balancing.advanced` (docs/tuning.md).
     advanced: AdvancedOverrides = Field(default_factory=dict)
+    # Other clusters' gateways to fail over to (RemoteConfig), and when (FailoverConfig).
+    remotes: tuple[RemoteConfig, ...] = ()
+    failover: FailoverConfig = FailoverConfig()
 
     @property
     def weights_from_metrics(self) -> bool:
@@ -309,6 +393,15 @@ class PoolConfig(_Strict):
     def _known_tuning(cls, advanced: dict[str, float]) -> dict[str, float]:
         Tuning.model_validate(advanced)
         return advanced
+
+    @field_validator("remotes")
+    @classmethod
+    def _unique_remotes(cls, remotes: tuple[RemoteConfig, ...]) -> tuple[RemoteConfig, ...]:
+        names = [r.name for r in remotes]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"remote names used twice: {', '.join(twice)}")
+        return remotes
 
     @field_validator("endpoints")
     @classmethod

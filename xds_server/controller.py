@@ -10,6 +10,7 @@ built, is logged and counted, and the last good snapshot stays in force.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Set
@@ -26,6 +27,7 @@ from xds_server.policy.decision import (
     FleetLoad,
     PolicyMemory,
 )
+from xds_server.policy.failover import FailoverMemory, PoolFailover, RemoteView, plan_pool
 from xds_server.policy.signals import PodSignals, endpoint_id
 from xds_server.snapshot_builder import SnapshotBuilder
 from xds_server.steps import Steps
@@ -34,7 +36,14 @@ from xds_server.xds.cache import DEFAULT_GROUP, SnapshotCache
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
-__all__ = ["Controller", "LOAD_DECISION_GAP_S", "LoadSource", "SLICE_S", "SignalsSource"]
+__all__ = [
+    "Controller",
+    "LOAD_DECISION_GAP_S",
+    "LoadSource",
+    "RemotesSource",
+    "SLICE_S",
+    "SignalsSource",
+]
 
 # Decisions due to load changes (a long prompt starting or ending) or to Envoys connecting
 # come at most this often: a rollout of 500 Envoys is a few dozen decisions, not 500.
@@ -64,6 +73,13 @@ class LoadSource(Protocol):
     `config`'s pools and bands."""
 
     def fleet_load(self, config: RoutingConfig) -> FleetLoad: ...
+
+
+class RemotesSource(Protocol):
+    """What the server knows of each pool's remotes (other clusters' gateways): pool name
+    -> remote name -> view (addresses resolved, the remote server's summary)."""
+
+    def views(self, config: RoutingConfig) -> Mapping[str, Mapping[str, RemoteView]]: ...
 
 
 class Controller:
@@ -101,6 +117,7 @@ class Controller:
         telemetry: Telemetry,
         signals: SignalsSource | None = None,
         load: LoadSource | None = None,
+        remotes: RemotesSource | None = None,
         group: str = DEFAULT_GROUP,
         clock: Clock = loop_clock,
     ) -> None:
@@ -108,6 +125,7 @@ class Controller:
         self._telemetry = telemetry
         self._signals = signals
         self._load = load
+        self._remotes = remotes
         self._group = group
         self._clock = clock
         self._builder = SnapshotBuilder()
@@ -142,6 +160,8 @@ class Controller:
         self.decision = Decision()
         # (pool, node id) of the Envoys whose reports the last decision did not believe.
         self._clipped: set[tuple[str, str]] = set()
+        # Per pool with remotes, what its failover remembers (policy/failover.py).
+        self.failover_memory: dict[str, FailoverMemory] = {}
 
     @property
     def config(self) -> RoutingConfig | None:
@@ -324,7 +344,8 @@ class Controller:
             return None
         scored = self._signals is not None and any(p.weights_from_metrics for p in config.pools)
         admitted = self._load is not None and config.flow_control.enabled
-        return config.balancing.scrape_interval_s if scored or admitted else None
+        remote = any(p.remotes for p in config.pools)
+        return config.balancing.scrape_interval_s if scored or admitted or remote else None
 
     async def run(self) -> None:
         """Apply changes until cancelled."""
@@ -407,15 +428,23 @@ class Controller:
             and last is not None
             and all(a is b for a, b in zip(last, decided_on, strict=True))
         ):
-            return
+            decision = self.decision
+        else:
+            try:
+                decision, memory = await _sliced(self._decider.steps(inputs, self._memory))
+            except Exception as exc:  # a bug: say so, keep serving the last snapshot, go on
+                self._internal_error("deciding", exc)
+                return
+            self._memory_settled = memory == self._memory
+            self._memory, self._decided_on = memory, decided_on
+            self._note_clipped(decision)
         try:
-            decision, memory = await _sliced(self._decider.steps(inputs, self._memory))
+            decision = self._with_failover(config, decision, inputs)
         except Exception as exc:  # a bug: say so, keep serving the last snapshot, go on
-            self._internal_error("deciding", exc)
+            self._internal_error("planning failover", exc)
             return
-        self._memory_settled = memory == self._memory
-        self._memory, self._decided_on = memory, decided_on
-        self._note_clipped(decision)
+        if decision is self.decision and self._built is not None:
+            return
         self.decision = decision
         if self._built is not None and self._built == (config, decision):
             return
@@ -448,6 +477,49 @@ class Controller:
                 ", ".join(f"{t.short} {snapshot.versions[t]}" for t in ResourceType),
             )
         self.snapshot = snapshot
+
+
+    def _with_failover(
+        self, config: RoutingConfig, decision: Decision, inputs: DecisionInputs
+    ) -> Decision:
+        """`decision` with the failover of every pool with remotes planned now
+        (policy/failover.py); the same object when the plan did not change."""
+        views = self._remotes.views(config) if self._remotes is not None else {}
+        now = self._clock()
+        planned: dict[str, PoolFailover] = {}
+        memories: dict[str, FailoverMemory] = {}
+        for pool in config.pools:
+            if not pool.remotes:
+                continue
+            before = self.failover_memory.get(pool.name, FailoverMemory())
+            planned[pool.name], memories[pool.name] = plan_pool(
+                pool,
+                decision.pools.get(pool.name),
+                inputs.signals or {},
+                remotes=views.get(pool.name, {}),
+                flow_control=config.flow_control,
+                memory=before,
+                now=now,
+            )
+            _log_failover(pool.name, before, memories[pool.name], planned[pool.name])
+        self.failover_memory = memories
+        if planned == decision.failover:
+            return decision
+        return dataclasses.replace(decision, failover=planned)
+
+
+def _log_failover(
+    pool: str, before: FailoverMemory, after: FailoverMemory, plan: PoolFailover
+) -> None:
+    if before.share >= 1.0 > after.share:
+        logger.warning(
+            "Pool %r fails over to its remotes (%s): local share %.2f.",
+            pool, plan.reason, after.share,
+        )  # fmt: skip
+    elif after.share >= 1.0 > before.share:
+        logger.info("Pool %r is back on its own pods: every request stays local.", pool)
+    elif after.share != before.share:
+        logger.info("Pool %r: local share %.2f (%s).", pool, after.share, plan.reason)
 
 
 def _unchanged_pools_kept(config: RoutingConfig, before: RoutingConfig | None) -> RoutingConfig:

@@ -30,6 +30,7 @@ from xds_server.envoy.runtime import admission_layer, max_requests_key
 from xds_server.errors import InconsistentSnapshotError
 from xds_server.policy.admission import PoolAdmission
 from xds_server.policy.decision import Decision
+from xds_server.policy.failover import PoolFailover
 from xds_server.policy.state import PoolState
 from xds_server.steps import Steps, complete
 from xds_server.xds.resources import ResourceType
@@ -57,8 +58,9 @@ class _Built:
 
 
 # What a pool's assignments are built from: its config, the policy's state of it (None: from
-# config) and whether its spilling pods go to its spill listener.
-_PoolKey = tuple[PoolConfig, PoolState | None, bool]
+# config), whether its spilling pods go to its spill listener, and its failover (None: no
+# remotes).
+_PoolKey = tuple[PoolConfig, PoolState | None, bool, PoolFailover | None]
 # A pool's runtime keys, by Envoy, where they differ from those of an Envoy not named.
 _EnvoyKeys = Mapping[str, Mapping[str, int]]
 
@@ -154,7 +156,12 @@ class SnapshotBuilder:
         merged: dict[str, Resource] = {}
         changed = False
         for pool in config.pools:
-            key: _PoolKey = (pool, decision.pools.get(pool.name), config.spills(pool))
+            key: _PoolKey = (
+                pool,
+                decision.pools.get(pool.name),
+                config.spills(pool),
+                decision.failover.get(pool.name),
+            )
             cached = self._assignments.get(pool.name)
             if cached is not None and cached[0] == key:
                 resources = cached[1]
@@ -162,7 +169,7 @@ class SnapshotBuilder:
                 changed = True
                 resources = serialize_resources(
                     ResourceType.ENDPOINT,
-                    envoy.build_pool_endpoints(pool, key[1], spills=key[2]),
+                    envoy.build_pool_endpoints(pool, key[1], spills=key[2], failover=key[3]),
                 )
                 yield
             fresh[pool.name] = (key, resources)

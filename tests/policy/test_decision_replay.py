@@ -26,7 +26,9 @@ from xds_server.policy.decision import decide
 
 RECORDS = Path(__file__).parent / "data" / "decisions.json.gz"
 # Output fields that did not exist when the decisions were recorded.
-ADDED_SINCE: frozenset[str] = frozenset({"reasons", "homes", "affinity", "keys_suspended"})
+ADDED_SINCE: frozenset[str] = frozenset(
+    {"reasons", "homes", "affinity", "keys_suspended", "failover"}
+)
 
 
 @pytest.fixture(scope="module")

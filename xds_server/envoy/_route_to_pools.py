@@ -15,6 +15,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
+from envoy.extensions.retry.priority.previous_priorities.v3 import (
+    previous_priorities_config_pb2,
+)
 from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
 from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
@@ -33,6 +36,7 @@ from xds_server.envoy.listeners import (
 __all__ = [
     "MAX_SESSION_KEY_CHARS",
     "PREVIOUS_HOSTS_PREDICATE",
+    "PREVIOUS_PRIORITIES",
     "PROMPT_PREFIX_REGEX",
     "RETRY_ON",
     "SESSION_KEY_REGEX",
@@ -46,6 +50,7 @@ __all__ = [
 # What a route retries (_add_retries): failures before any response byte came.
 RETRY_ON = "connect-failure,refused-stream,reset"
 PREVIOUS_HOSTS_PREDICATE = "envoy.retry_host_predicates.previous_hosts"
+PREVIOUS_PRIORITIES = "envoy.retry_priorities.previous_priorities"
 
 # A body session key becomes a header only if it has no control character (RE2, whole
 # value): Envoy refuses to send a header value with CR, LF or NUL upstream (the request
@@ -288,7 +293,8 @@ def route_action(
         # generations; 0 disables the timeout.
         timeout=_protos.duration(config.listener.request_timeout_s),
     )
-    _add_retries(config, action)
+    pool = config.pool_of(model)
+    _add_retries(config, action, across_priorities=pool is not None and bool(pool.remotes))
     if adapter:
         action.metadata_match.CopyFrom(_lora_subset(model))
     if hashed:
@@ -300,7 +306,7 @@ def route_action(
     return action
 
 
-def _add_retries(config: RoutingConfig, action: _Any) -> None:
+def _add_retries(config: RoutingConfig, action: _Any, *, across_priorities: bool = False) -> None:
     """Retry a request that never got response headers on another pod (config.upstream).
 
     `connect-failure` and `refused-stream` are a pod that is gone or refuses; `reset` is a
@@ -308,7 +314,10 @@ def _add_retries(config: RoutingConfig, action: _Any) -> None:
     started again from scratch. Envoy never retries once the response has begun, so a
     stream that was already answering is not repeated. `previous_hosts` sends each retry
     to a pod not tried yet (on the session ring too: the next host on it). The cluster's
-    retry budget (clusters.py) bounds how many retries run at once.
+    retry budget (clusters.py) bounds how many retries run at once. `across_priorities`
+    (a pool with remotes: EDS priority 1, envoy/endpoints.py): `previous_priorities`
+    sends a retry to a priority not tried yet, so a request whose local pod just died
+    goes to a remote cluster instead of to another local pod that may be dead too.
     """
     retries = config.upstream.retries
     if retries == 0:
@@ -331,6 +340,15 @@ def _add_retries(config: RoutingConfig, action: _Any) -> None:
             ),
         )
     )
+    if across_priorities:
+        action.retry_policy.retry_priority.CopyFrom(
+            retry.RetryPriority(
+                name=PREVIOUS_PRIORITIES,
+                typed_config=_protos.pack(
+                    previous_priorities_config_pb2.PreviousPrioritiesConfig(update_frequency=1)
+                ),
+            )
+        )
 
 
 def _lora_subset(adapter: str) -> _Any:

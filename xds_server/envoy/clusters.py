@@ -4,6 +4,11 @@ Clusters change rarely (a pool added, removed or re-tuned); endpoints and their 
 change often and live in EDS (endpoints.py), so a weight update is one small
 ClusterLoadAssignment: no cluster rebuild, no connection churn, in-flight requests finish.
 
+A pool with `remotes` reached over TLS gets one transport socket match per such remote
+(`envoy.transport_socket_match: {remote: name}` on its endpoints, endpoints.py): an
+UpstreamTlsContext with its SNI, CA and, when given, a client certificate; the pool's
+own pods match none and stay plaintext.
+
 Per pool, one cluster named after it:
 
 - Weighted least request (or round robin when the pool asks for it). With unequal weights
@@ -71,9 +76,13 @@ from envoy.extensions.load_balancing_policies.least_request.v3 import least_requ
 from envoy.extensions.load_balancing_policies.maglev.v3 import maglev_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2 as tls_common_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
+from envoy.type.matcher.v3 import string_pb2
 from envoy.type.v3 import percent_pb2
+from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import BANDS, Lane, PoolConfig, RoutingConfig
+from xds_server.config import BANDS, Lane, PoolConfig, RemoteConfig, RoutingConfig
 from xds_server.envoy import _protos, names
 
 __all__ = [
@@ -196,6 +205,7 @@ def build_cluster(config: RoutingConfig, pool: PoolConfig, *, long_prompts: bool
     `long_prompts`, the same cluster named for the pool's long prompts (`<pool>/long`)."""
     return _eds_cluster(
         config,
+        pool,
         names.lane_cluster_name(pool.name, "long" if long_prompts else "pool"),
         _balancing(config, pool),
         service_name=names.eds_service_name(pool.name),
@@ -228,14 +238,17 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     )
     return _eds_cluster(
         config,
+        pool,
         names.session_cluster_name(pool.name),
         _subset(pool, maglev),
         service_name=names.session_eds_service_name(pool.name),
     )
 
 
-def _eds_cluster(config: RoutingConfig, name: str, policy: _Any, *, service_name: str) -> _Any:
-    return cluster_pb2.Cluster(
+def _eds_cluster(
+    config: RoutingConfig, pool: PoolConfig, name: str, policy: _Any, *, service_name: str
+) -> _Any:
+    cluster = cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(
@@ -263,6 +276,49 @@ def _eds_cluster(config: RoutingConfig, name: str, policy: _Any, *, service_name
         outlier_detection=_outlier_detection(config),
         # Upstreams speak HTTP/1.1, Envoy's default: every OpenAI-compatible model
         # server does, and SSE needs nothing more.
+    )
+    for remote in pool.remotes:
+        if remote.tls is not None:
+            cluster.transport_socket_matches.append(_remote_tls(remote))
+    return cluster
+
+
+def _remote_tls(remote: RemoteConfig) -> _Any:
+    """TLS to `remote`'s gateway for the endpoints that name it (endpoints.py's
+    `envoy.transport_socket_match`): SNI, the CA its certificate must chain to, that
+    certificate's DNS name, and a client certificate when configured. Local pods match
+    none and keep the cluster's plaintext."""
+    tls = remote.tls
+    assert tls is not None
+    common = tls_pb2.CommonTlsContext(
+        validation_context=tls_common_pb2.CertificateValidationContext(
+            trusted_ca=base_pb2.DataSource(filename=tls.ca_file),
+            match_typed_subject_alt_names=[
+                tls_common_pb2.SubjectAltNameMatcher(
+                    san_type=tls_common_pb2.SubjectAltNameMatcher.DNS,
+                    matcher=string_pb2.StringMatcher(exact=tls.sni),
+                )
+            ],
+        )
+    )
+    if tls.cert_file is not None and tls.key_file is not None:
+        common.tls_certificates.append(
+            tls_common_pb2.TlsCertificate(
+                certificate_chain=base_pb2.DataSource(filename=tls.cert_file),
+                private_key=base_pb2.DataSource(filename=tls.key_file),
+            )
+        )
+    match = struct_pb2.Struct()
+    match.update({names.REMOTE_KEY: remote.name})
+    return cluster_pb2.Cluster.TransportSocketMatch(
+        name=f"remote-{remote.name}",
+        match=match,
+        transport_socket=base_pb2.TransportSocket(
+            name="envoy.transport_sockets.tls",
+            typed_config=_protos.pack(
+                tls_pb2.UpstreamTlsContext(common_tls_context=common, sni=tls.sni)
+            ),
+        ),
     )
 
 

@@ -44,6 +44,20 @@ there; any other pool takes them from the config, as written. Per endpoint:
   they got: in the benchmark, whose simulated pods listen on ports the kernel picks,
   runs of one trace put the same keys together.
 
+A pool with `remotes` (other clusters' gateways) gets them as a second priority: its own
+pods stay at priority 0, the remotes' addresses go to priority 1 (HEALTHY when the
+failover policy finds them usable, else UNHEALTHY; metadata
+`envoy.transport_socket_match: {remote: name}` for one reached over TLS, clusters.py).
+Envoy sends priority 1 what priority 0's health does not cover (its overprovisioning
+factor times the healthy part), so with every local pod out of rotation, or ejected by
+Envoy's outlier detection, all traffic goes to the remotes at once. The failover policy's
+local share (policy/failover.py) steps the split in between: while it is below 1 the
+assignment's overprovisioning factor is 100, its priority health is weighted
+(`weighted_priority_health`), and priority 0 holds one more endpoint, never in rotation
+(UNHEALTHY, `hostname` names.LOCAL_SHARE_HOST), whose weight makes the healthy local
+weight exactly `share` of the priority's: Envoy then gives priority 0 that share and the
+remotes the rest. At share 0 every local endpoint is UNHEALTHY instead.
+
 Output is deterministic (endpoints sorted by address and port, adapters sorted), so the
 content hash, which is the EDS version, changes only when the content does.
 """
@@ -62,12 +76,16 @@ from xds_server.config import EndpointConfig, PoolConfig, RoutingConfig
 from xds_server.envoy import names
 from xds_server.errors import ResourceBuildError
 from xds_server.policy.decision import Decision
+from xds_server.policy.failover import PoolFailover
 from xds_server.policy.state import EndpointState, Health, PoolState
 
 __all__ = ["HEALTH_STATUS", "build_endpoints", "build_pool_endpoints"]
 
 # Envoy's own overprovisioning factor, in percent: a pool's assignment never gets less.
 DEFAULT_OVERPROVISIONING = 140
+
+# The EDS health statuses Envoy balances over (UNKNOWN: a config endpoint, taken as healthy).
+_IN_ROTATION = (health_check_pb2.UNKNOWN, health_check_pb2.HEALTHY)
 
 # The EDS health status of each policy verdict.
 HEALTH_STATUS: Mapping[Health, int] = {
@@ -93,15 +111,25 @@ def build_endpoints(config: RoutingConfig, decision: Decision | None = None) -> 
         assignment
         for pool in config.pools
         for assignment in build_pool_endpoints(
-            pool, decided.get(pool.name), spills=config.spills(pool)
+            pool,
+            decided.get(pool.name),
+            spills=config.spills(pool),
+            failover=decision.failover.get(pool.name) if decision is not None else None,
         )
     ]
 
 
-def build_pool_endpoints(pool: PoolConfig, state: PoolState | None, *, spills: bool) -> list[_Any]:
+def build_pool_endpoints(
+    pool: PoolConfig,
+    state: PoolState | None,
+    *,
+    spills: bool,
+    failover: PoolFailover | None = None,
+) -> list[_Any]:
     """`pool`'s assignments (build_endpoints), from `state` when the policy decided on the
-    pool, else from its config; `spills`: config.spills(pool). A pool's assignments depend
-    on nothing else, so a change to one pool rebuilds only its own."""
+    pool, else from its config; `spills`: config.spills(pool); `failover`: its remotes and
+    local share (None: no remotes). A pool's assignments depend on nothing else, so a
+    change to one pool rebuilds only its own."""
     checked = _checked(pool.name, state.endpoints) if state is not None else []
     assignments = []
     for ring in (False, True) if pool.session_affinity else (False,):
@@ -132,8 +160,53 @@ def build_pool_endpoints(pool: PoolConfig, state: PoolState | None, *, spills: b
                 assignment.policy.overprovisioning_factor.value = max(
                     DEFAULT_OVERPROVISIONING, 100 * len(lb_endpoints)
                 )
+        if failover is not None and failover.targets:
+            _add_remotes(assignment, failover)
         assignments.append(assignment)
     return assignments
+
+
+def _add_remotes(assignment: _Any, failover: PoolFailover) -> None:
+    """The remotes at priority 1, and the local share at priority 0 (module docstring)."""
+    remote = endpoint_components_pb2.LocalityLbEndpoints(
+        priority=1, locality=base_pb2.Locality(zone=names.REMOTE_ZONE)
+    )
+    for target in failover.targets:
+        metadata = None
+        if target.tls_match is not None:
+            metadata = base_pb2.Metadata()
+            metadata.filter_metadata[names.TRANSPORT_SOCKET_MATCH].update(
+                {names.REMOTE_KEY: target.tls_match}
+            )
+        lb_endpoint = _lb_endpoint(
+            target.address, target.port, target.weight, hostname=target.remote, metadata=metadata
+        )
+        lb_endpoint.health_status = HEALTH_STATUS[
+            Health.HEALTHY if target.usable else Health.UNHEALTHY
+        ]
+        remote.lb_endpoints.append(lb_endpoint)
+    if not failover.active or not assignment.endpoints:
+        assignment.endpoints.append(remote)
+        return
+    local = assignment.endpoints[0]
+    in_rotation = [e for e in local.lb_endpoints if e.health_status in _IN_ROTATION]
+    if failover.share <= 0:
+        for lb_endpoint in in_rotation:
+            lb_endpoint.health_status = health_check_pb2.UNHEALTHY
+    elif in_rotation:
+        healthy = sum(e.load_balancing_weight.value for e in in_rotation)
+        placeholder = _lb_endpoint(
+            names.LOCAL_SHARE_ADDRESS,
+            names.LOCAL_SHARE_PORT,
+            max(1, round(healthy * (1 - failover.share) / failover.share)),
+            hostname=names.LOCAL_SHARE_HOST,
+            metadata=None,
+        )
+        placeholder.health_status = health_check_pb2.UNHEALTHY
+        local.lb_endpoints.append(placeholder)
+        assignment.policy.overprovisioning_factor.value = 100
+        assignment.policy.weighted_priority_health = True
+    assignment.endpoints.append(remote)
 
 
 def _checked(pool: str, endpoints: Iterable[EndpointState]) -> list[EndpointState]:

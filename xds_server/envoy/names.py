@@ -30,6 +30,9 @@ __all__ = [
     "HCM_STAT_PREFIX",
     "LB_METADATA_NAMESPACE",
     "LISTENER_NAME",
+    "LOCAL_SHARE_ADDRESS",
+    "LOCAL_SHARE_HOST",
+    "LOCAL_SHARE_PORT",
     "LONG_CLUSTER_SUFFIX",
     "LORA_KEY",
     "METADATA_NAMESPACE",
@@ -39,6 +42,8 @@ __all__ = [
     "OBJECTIVE_HEADER",
     "POOL_KEY",
     "RATE_LIMIT_ERROR_TYPE",
+    "REMOTE_KEY",
+    "REMOTE_ZONE",
     "RETRY_AFTER_KEY",
     "ROUTED_MODEL_HEADER",
     "ROUTE_CONFIG_NAME",
@@ -50,6 +55,7 @@ __all__ = [
     "SESSION_KEY",
     "SESSION_SOURCE_KEY",
     "SPILL_LISTENER_SUFFIX",
+    "TRANSPORT_SOCKET_MATCH",
     "UNROUTED_CLUSTER",
     "VIRTUAL_HOST_NAME",
     "XDS_CLUSTER",
@@ -118,6 +124,17 @@ SESSION_CLUSTER_SUFFIX = "/session"
 # whose routes send the request on to the pool's cluster: the Maglev table does not
 # change, and the pod's keys are balanced by load instead of by hash while it spills.
 SPILL_LISTENER_SUFFIX = "/spill"
+
+# Failover to other clusters (endpoints.py): the remotes' locality at priority 1, the
+# endpoint metadata that picks a remote's TLS (clusters.py's transport socket matches),
+# and the placeholder at priority 0 that holds the local share (never in rotation; its
+# address is never connected to).
+REMOTE_ZONE = "remote"
+TRANSPORT_SOCKET_MATCH = "envoy.transport_socket_match"
+REMOTE_KEY = "remote"
+LOCAL_SHARE_HOST = "local-share"
+LOCAL_SHARE_ADDRESS = "127.0.0.1"
+LOCAL_SHARE_PORT = 1
 
 # Requests whose content-length says their prompt is long go to `<pool>/long` (routes.py):
 # the same endpoints and balancing, counted apart in the load reports, so that the policy

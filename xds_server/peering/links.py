@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from xds_server.clock import Clock, loop_clock
 from xds_server.peering.reports import MAX_REPORT_BYTES, ReplicaReport
-from xds_server.peering.service import WATCH_METHOD
+from xds_server.peering.service import POOLS_HELLO, WATCH_METHOD
 
 __all__ = ["PeerLinks", "PeerState"]
 
@@ -53,7 +53,9 @@ def _identity(data: bytes) -> bytes:
 
 
 class PeerLinks:
-    """Links to every peer in the set `set_peers` was last given.
+    """Links to every peer in the set `set_peers` was last given: the server's replicas,
+    or with `pools` the servers of other clusters, asked for their per-pool summaries
+    (service.py; metrics then under another `metric_prefix`).
 
     Mutable state: `_peers` (address -> PeerState) and `_tasks` (address -> its link
     task). Runs on the event loop. `on_change` is called whenever a peer's report arrives,
@@ -71,8 +73,11 @@ class PeerLinks:
         backoff_s: tuple[float, ...] = (0.1, 0.2, 0.5, 1.0),
         credentials: Callable[[], grpc.ChannelCredentials] | None = None,
         server_name: str | None = None,
+        pools: bool = False,
+        metric_prefix: str = "xds_peer",
     ) -> None:
         self._replica = replica
+        self._hello = replica.encode() + (POOLS_HELLO if pools else b"")
         self._credentials = credentials
         self._server_name = server_name
         self._on_change = on_change
@@ -82,21 +87,24 @@ class PeerLinks:
         self._peers: dict[str, PeerState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._up = Gauge(
-            "xds_peer_up",
+            f"{metric_prefix}_up",
             "1 while the peer's load stream is open and heard from within a second.",
             ["peer"],
             registry=registry,
         )
         self._reports = Counter(
-            "xds_peer_reports", "Load reports received from peer replicas.", registry=registry
-        )
-        Gauge(
-            "xds_peer_reserved_ratio",
-            "The part of every budget held back for peers never heard from.",
+            f"{metric_prefix}_reports",
+            "Load reports received from peer replicas.",
             registry=registry,
-        ).set_function(self.reserved)
+        )
+        if not pools:  # other clusters' servers take no part in this cluster's budgets
+            Gauge(
+                f"{metric_prefix}_reserved_ratio",
+                "The part of every budget held back for peers never heard from.",
+                registry=registry,
+            ).set_function(self.reserved)
         self._errors = Counter(
-            "xds_peer_errors",
+            f"{metric_prefix}_errors",
             "Peer links that failed, by reason (unreachable, invalid report).",
             ["reason"],
             registry=registry,
@@ -152,6 +160,18 @@ class PeerLinks:
         unseen = sum(1 for p in peers if p.report is None)
         return unseen / (len(peers) + 1)
 
+    def is_up(self, address: str) -> bool:
+        """The link to `address` is open and was heard from lately."""
+        state = self._peers.get(address)
+        return state is not None and bool(self._is_up(state))
+
+    def report_of(self, address: str) -> tuple[ReplicaReport, float] | None:
+        """The latest report of the peer at `address` with the clock time it came."""
+        state = self._peers.get(address)
+        if state is None or state.report is None or state.received_at is None:
+            return None
+        return state.report, state.received_at
+
     def _is_up(self, state: PeerState) -> int:
         received = state.received_at
         quiet = received is None or self._clock() - received > self._quiet_s
@@ -195,7 +215,7 @@ class PeerLinks:
                 watch = channel.unary_stream(
                     WATCH_METHOD, request_serializer=_identity, response_deserializer=_identity
                 )
-                reason = await self._follow(state, watch(self._replica.encode()))
+                reason = await self._follow(state, watch(self._hello))
             state.connected = False
             state.failures += 1
             self._errors.labels(reason).inc()

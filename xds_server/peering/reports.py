@@ -6,6 +6,11 @@ requests in flight (in total and per endpoint) and rates, and, for an Envoy that
 long prompts (ALS), those still prefilling per endpoint. An Envoy connected over ADS whose
 load reports have not arrived yet is listed too, without them.
 
+A server in another cluster (a remote of some pool: config.RemoteConfig.peer) asks for
+per-pool summaries instead (`pools`, service.py): each pool's healthy pods, saturation,
+capacity and whether it is failing over itself. A replica that predates them sends none
+(`pools` None), and is used blind (policy/failover.py).
+
 Reports cross the network as JSON and are distrusted like any input: sizes and counts are
 bounded, numbers must be finite and non-negative, and unknown fields are refused.
 """
@@ -16,7 +21,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ClusterReport", "EnvoyReport", "MAX_REPORT_BYTES", "ReplicaReport"]
+__all__ = ["ClusterReport", "EnvoyReport", "MAX_REPORT_BYTES", "PoolReport", "ReplicaReport"]
 
 # A report larger than this is refused (thousands of Envoys and clusters fit well within).
 MAX_REPORT_BYTES = 8 * 1024 * 1024
@@ -59,8 +64,22 @@ class EnvoyReport(_Strict):
     ] = None
 
 
+class PoolReport(_Strict):
+    """One pool as its cluster's server sees it, for the servers of other clusters."""
+
+    healthy: _Count
+    endpoints: _Count
+    # Requests running and waiting over the healthy pods' batch limit (None: none healthy).
+    saturation: Annotated[float | None, Field(ge=0, le=1e6, allow_inf_nan=False)] = None
+    capacity: _Count = 0
+    # The pool wants to send some of its own traffic to remotes now (local share < 1).
+    failing_over: bool = False
+
+
 class ReplicaReport(_Strict):
-    """Everything one replica knows of its own Envoys."""
+    """Everything one replica knows of its own Envoys, or (asked by another cluster's
+    server) of its pools."""
 
     replica: _Name
     envoys: Annotated[tuple[EnvoyReport, ...], Field(max_length=10_000)] = ()
+    pools: Annotated[dict[_Name, PoolReport] | None, Field(max_length=10_000)] = None

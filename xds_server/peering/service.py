@@ -6,6 +6,11 @@ and this replica answers with its report (reports.py) as JSON, again whenever it
 (looked at every `interval_s`) and at least every `heartbeat_s`, so a peer can tell a
 quiet replica from a dead one. A report is built from the replica's Envoys only: what it
 hears from its own peers is never passed on, so nothing is counted twice.
+
+A server of another cluster ends its hello with `POOLS_HELLO` and is sent this cluster's
+per-pool summaries instead (`pools`: reports.PoolReport), on the same stream and mTLS. A
+replica that predates them reads the suffix as part of the peer's name and sends its
+Envoys' load, which the asker reads as "no summaries" (the link stays up).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import grpc
 from xds_server.peering.reports import ReplicaReport
 from xds_server.xds.identity import Authenticator
 
-__all__ = ["PEERING_SERVICE", "PeeringServer", "WATCH_METHOD"]
+__all__ = ["PEERING_SERVICE", "POOLS_HELLO", "PeeringServer", "WATCH_METHOD"]
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +33,8 @@ PEERING_SERVICE = "xds_server.peering.v1.Peering"
 WATCH_METHOD = f"/{PEERING_SERVICE}/Watch"
 # The hello a peer sends names it; anything longer is not a hello.
 _MAX_HELLO_BYTES = 1024
+# What a hello ends with when the peer asks for per-pool summaries.
+POOLS_HELLO = b"\npools"
 
 
 def _identity(data: bytes) -> bytes:
@@ -35,17 +42,20 @@ def _identity(data: bytes) -> bytes:
 
 
 class PeeringServer:
-    """Streams `report()` (this replica's own Envoys) to every peer that watches it."""
+    """Streams `report()` (this replica's own Envoys) to every peer that watches it, or
+    `pools()` (the per-pool summaries) to another cluster's server that asks for them."""
 
     def __init__(
         self,
         *,
         report: Callable[[], ReplicaReport],
+        pools: Callable[[], ReplicaReport] | None = None,
         authenticator: Authenticator | None = None,
         interval_s: float = 0.05,
         heartbeat_s: float = 0.25,
     ) -> None:
         self._report = report
+        self._pools = pools
         self._authenticator = authenticator
         self._interval_s = interval_s
         self._heartbeat_s = heartbeat_s
@@ -68,6 +78,9 @@ class PeeringServer:
             await self._authenticator.admit_peer(context)
         if len(hello) > _MAX_HELLO_BYTES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the hello is too long")
+        source = self._report
+        if hello.endswith(POOLS_HELLO) and self._pools is not None:
+            hello, source = hello.removesuffix(POOLS_HELLO), self._pools
         peer = hello.decode("utf-8", errors="replace") or context.peer()
         logger.info("Peer %r watches this replica's load (from %s).", peer, context.peer())
         loop = asyncio.get_running_loop()
@@ -78,9 +91,11 @@ class PeeringServer:
             while True:
                 # The report is the same object while nothing changed (fleet_load.py):
                 # encoded once, not every interval for every peer.
-                report = self._report()
+                report = source()
                 if encoded is None or encoded[0] is not report:
-                    encoded = (report, report.model_dump_json().encode())
+                    # Fields left at None are left out: a replica that predates them
+                    # (`pools`) refuses what it does not know.
+                    encoded = (report, report.model_dump_json(exclude_none=True).encode())
                 body = encoded[1]
                 if body != last or loop.time() - sent_at >= self._heartbeat_s:
                     yield body

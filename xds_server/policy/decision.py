@@ -25,6 +25,7 @@ from types import MappingProxyType
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.policy.admission import BandLoad, PodCapacity, PodsHeld, PoolAdmission, admit
 from xds_server.policy.affinity import AffinityMemory
+from xds_server.policy.failover import PoolFailover
 from xds_server.policy.homes import HomeMemory
 from xds_server.policy.scoring import score_pool
 from xds_server.policy.signals import PodSignals, endpoint_id
@@ -110,10 +111,13 @@ class DecisionInputs:
 @dataclass(frozen=True, kw_only=True)
 class Decision:
     """What Envoy should hold: endpoint states per GPU-aware pool (a pool absent here takes
-    its endpoints from config), and per pool with flow control its admission."""
+    its endpoints from config), per pool with flow control its admission, and per pool
+    with remotes its failover (failover.py: the controller plans it after `decide`, as
+    it depends on time and on the remotes' summaries)."""
 
     pools: Mapping[str, PoolState] = field(default_factory=dict)
     admissions: Mapping[str, PoolAdmission] = field(default_factory=dict)
+    failover: Mapping[str, PoolFailover] = field(default_factory=dict)
 
 
 def decide(inputs: DecisionInputs, memory: PolicyMemory) -> tuple[Decision, PolicyMemory]:
