@@ -1,5 +1,5 @@
-"""The manifests rendered once for tests/k8s (`kubectl kustomize`), and the certificates
-cert-manager would issue for them."""
+"""The manifests rendered once for tests/k8s (`kubectl kustomize`: the base, and the base
+with every component), and the certificates cert-manager would issue for them."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from tests.k8s.manifests import (
+    COMPONENTS,
     EXAMPLES,
     K8S,
     Doc,
     _certificate_for,
     _envoy_tls_secret,
     _kustomize,
+    _kustomize_overlay,
     _Pki,
     _server_tls_secret,
 )
@@ -21,8 +23,15 @@ from xds_testbed.certs import CertificateAuthority, IssuedCertificate
 
 
 @pytest.fixture(scope="package")
-def rendered() -> list[Doc]:
+def base() -> list[Doc]:
+    """`kubectl kustomize k8s/`: the base alone."""
     return _kustomize(K8S)
+
+
+@pytest.fixture(scope="package")
+def rendered() -> list[Doc]:
+    """The base with every optional component (k8s/components/), in its own namespace."""
+    return _kustomize_overlay(COMPONENTS)
 
 
 @pytest.fixture(scope="package")

@@ -1,31 +1,45 @@
 """What the modules of tests/k8s share: where the manifests are, the arguments the committed
-Envoy bootstrap was rendered with, `kubectl kustomize`, and helpers that find objects in
-what it renders, read the server's and Envoy's arguments, and lay out their TLS files as
-their Secrets and ConfigMaps would."""
+Envoy bootstrap was rendered with, `kubectl kustomize` (of the base, or of an overlay that
+adds components and sets a namespace), and helpers that find objects in what it renders,
+read the server's and Envoy's arguments, and lay out their TLS files as their Secrets and
+ConfigMaps would."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import subprocess
+import tempfile
 import tomllib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import aiohttp
 import pytest
 import yaml
 
+from xds_server.app import XdsApplication
 from xds_server.cli.parser import build_parser as _parser
 from xds_server.config import RoutingConfig, parse_config
+from xds_server.envoy import names
 from xds_server.envoy.bootstrap import BootstrapTls
-from xds_server.settings import TlsSettings
+from xds_server.settings import ServerSettings, TlsSettings
 from xds_testbed.backends import ExampleBackend
 from xds_testbed.certs import IssuedCertificate
+from xds_testbed.envoy_process import EnvoyProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
 EXAMPLES = K8S / "examples" / "inference-extension"
+# The optional components an overlay adds to the base (k8s/components/, but cert-manager,
+# which the base itself includes): every directory there, whoever added it.
+BASE_COMPONENTS = ("cert-manager",)
+COMPONENTS = tuple(
+    sorted(p.name for p in (K8S / "components").iterdir() if p.name not in BASE_COMPONENTS)
+)
 NAMESPACE = "xds-server"
 PART_OF = {"app.kubernetes.io/part-of": "xds-server"}
 
@@ -35,15 +49,14 @@ KUBERNETES_VERSIONS = ("1.30", "1.37")
 
 # The arguments k8s/envoy/bootstrap.yaml was rendered with (its header comment says so).
 BOOTSTRAP_ARGUMENTS: dict[str, Any] = {
-    "xds_address": "xds-server.xds-server.svc.cluster.local",
+    "xds_address": "xds-server",
     "xds_port": 18000,
     "node_id": "envoy",
     "node_cluster": "llm-gateway",
     "admin_port": 9901,
+    "stats_port": 9902,
     "tls": BootstrapTls(
-        cert_dir="/etc/envoy/tls",
-        sds_dir="/etc/envoy/sds",
-        server_name="xds-server.xds-server.svc",
+        cert_dir="/etc/envoy/tls", sds_dir="/etc/envoy/sds", server_name="xds-server"
     ),
 }
 
@@ -59,6 +72,26 @@ def _kustomize(path: Path) -> list[Doc]:
     )
     assert result.returncode == 0, f"kubectl kustomize {path} failed:\n{result.stderr}"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _kustomize_overlay(
+    components: Sequence[str] = (), *, namespace: str | None = None
+) -> list[Doc]:
+    """What an overlay of the base renders that adds `components` (names in
+    k8s/components/) and, given `namespace`, moves everything there: as README.md shows
+    it, the base and components by relative path (kustomize refuses absolute ones)."""
+    with tempfile.TemporaryDirectory(prefix="overlay-") as directory:
+        base = os.path.relpath(K8S, directory)
+        overlay: Doc = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [base],
+            "components": [f"{base}/components/{name}" for name in components],
+        }
+        if namespace is not None:
+            overlay["namespace"] = namespace
+        (Path(directory) / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+        return _kustomize(Path(directory))
 
 
 def _one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
@@ -145,6 +178,15 @@ def _is_cert_manager(doc: Doc) -> bool:
     return str(doc["apiVersion"]).startswith("cert-manager.io/")
 
 
+# The API groups of the custom resources the manifests use, whose CRDs kubernetes-validate
+# does not know: cert-manager's, the Prometheus Operator's, KEDA's.
+CUSTOM_GROUPS = ("cert-manager.io", "monitoring.coreos.com", "keda.sh")
+
+
+def _is_custom(doc: Doc) -> bool:
+    return str(doc["apiVersion"]).split("/")[0] in CUSTOM_GROUPS
+
+
 def _flag_values(args: list[str], flag: str) -> list[str]:
     """The values of `flag` in `args`: `--flag=v`, or `--flag v1 v2 ...` up to the next flag."""
     values = []
@@ -206,9 +248,23 @@ def _server_tls_secret(docs: list[Doc]) -> tuple[str, Path]:
     return volume["secret"]["secretName"], Path(mount["mountPath"])
 
 
+def _xds_cluster(bootstrap: Doc) -> Doc:
+    """The bootstrap's cluster to the xDS server (the other static one is the stats
+    listener's way to admin)."""
+    clusters = bootstrap["static_resources"]["clusters"]
+    (cluster,) = [c for c in clusters if c["name"] == "xds_cluster"]
+    return cluster  # type: ignore[no-any-return]
+
+
+def _xds_endpoint(bootstrap: Doc) -> Doc:
+    """The socket address the bootstrap dials the xDS server at."""
+    endpoint = _xds_cluster(bootstrap)["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+    return endpoint["endpoint"]["address"]["socket_address"]  # type: ignore[no-any-return]
+
+
 def _xds_tls_context(bootstrap: Doc) -> Doc:
     """The UpstreamTlsContext of the bootstrap's cluster to the xDS server."""
-    (cluster,) = bootstrap["static_resources"]["clusters"]
+    cluster = _xds_cluster(bootstrap)
     socket = cluster.get("transport_socket")
     assert socket is not None, "Envoy's xds_cluster has no transport socket: plaintext"
     assert socket["name"] == "envoy.transport_sockets.tls"
@@ -310,7 +366,9 @@ def _relocated(obj: Any, moves: Mapping[Path, Path]) -> Any:
 
 def _local_envoy_bootstrap(docs: list[Doc], *, root: Path, cert_dir: Path) -> Doc:
     """The pod's bootstrap, reading the pod's SDS files (written into `root`/sds) and the
-    certificate files in `cert_dir`: the mounts' paths moved to these."""
+    certificate files in `cert_dir`: the mounts' paths moved to these. Its stats listener
+    moves to a free port on loopback (the pod's port is fixed, and tests run side by
+    side)."""
     _, _, bootstrap = _bootstrap(docs)
     sds_dir, _, files = _envoy_sds_files(docs)
     _, tls_dir = _envoy_tls_secret(docs)
@@ -319,4 +377,50 @@ def _local_envoy_bootstrap(docs: list[Doc], *, root: Path, cert_dir: Path) -> Do
     for name, text in files.items():
         (root / "sds" / name).write_text(yaml.safe_dump(_relocated(yaml.safe_load(text), moves)))
     document: Doc = _relocated(bootstrap, moves)
+    for listener in document["static_resources"].get("listeners", []):
+        listener["address"]["socket_address"].update(address="127.0.0.1", port_value=0)
     return document
+
+
+@contextlib.asynccontextmanager
+async def _pod_envoy(
+    docs: list[Doc],
+    pki: _Pki,
+    tmp_path: Path,
+    *,
+    address: str | None = None,
+    envoy_path: str | None = None,
+) -> AsyncIterator[EnvoyProcess]:
+    """The server with the Deployment's TLS arguments (one pool: model `m` on an example
+    backend), and a real Envoy with the pod's bootstrap, SDS files, certificate and node id
+    (`envoy_path`: its binary). Envoy dials the server's local port at `address` (None: the
+    bootstrap's own). Yields Envoy once the server has it as a node and a request for `m`
+    went through it."""
+    args = _container(_envoy(docs))["args"]
+    node_id = _flag(args, "--service-node").replace("$(POD_NAME)", "envoy-7d9f8-abcde")
+    tls = _server_tls_settings(docs, cert_dir=pki.server.directory)
+    async with ExampleBackend(backend_id="a") as backend:
+        settings = ServerSettings(
+            config_path=_one_pool_config(backend, tmp_path=tmp_path),
+            xds_port=0,
+            admin_port=0,
+            tls=tls,
+        )
+        async with XdsApplication(settings) as app:
+            await app.wait_ready(within_s=20)
+            bootstrap = _local_envoy_bootstrap(docs, root=tmp_path, cert_dir=pki.envoy.directory)
+            dialled = _xds_endpoint(bootstrap)
+            dialled.update(address=address or dialled["address"], port_value=app.xds_port)
+            async with (
+                EnvoyProcess(
+                    bootstrap, envoy_path=envoy_path, extra_args=["--service-node", node_id]
+                ) as envoy,
+                aiohttp.ClientSession() as http,
+            ):
+                await envoy.wait_live(timeout=30)
+                port = await envoy.listener_port(names.LISTENER_NAME)
+                url = f"http://127.0.0.1:{port}/v1/chat/completions"
+                async with http.post(url, json=_CHAT) as response:
+                    assert response.status == 200
+                assert node_id in {r.node_id for r in app.registry.streams()}
+                yield envoy

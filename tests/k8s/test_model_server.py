@@ -1,4 +1,5 @@
-"""The example model server (k8s/model-server/) matching the pool it is meant for."""
+"""The example model server (k8s/components/example-model-server/) matching the pool it is
+meant for."""
 
 from __future__ import annotations
 

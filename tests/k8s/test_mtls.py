@@ -14,11 +14,9 @@ import asyncio
 import re
 from pathlib import Path
 
-import aiohttp
 import yaml
 
 from tests.k8s.manifests import (
-    _CHAT,
     BOOTSTRAP_ARGUMENTS,
     K8S,
     NAMESPACE,
@@ -27,30 +25,27 @@ from tests.k8s.manifests import (
     _all,
     _bootstrap,
     _certificate_for,
-    _container,
     _envoy,
     _envoy_sds_files,
     _envoy_tls_secret,
-    _flag,
     _is_cert_manager,
-    _local_envoy_bootstrap,
     _mount_holding,
     _mounted_volumes,
     _one,
     _one_pool_config,
     _Pki,
+    _pod_envoy,
     _server,
     _server_args,
     _server_tls_secret,
     _server_tls_settings,
+    _xds_endpoint,
     _xds_tls_context,
 )
 from xds_server.app import XdsApplication
-from xds_server.envoy import names
 from xds_server.envoy.bootstrap import render_sds_files
 from xds_server.settings import ServerSettings
 from xds_testbed.backends import ExampleBackend
-from xds_testbed.envoy_process import EnvoyProcess
 
 COMPONENT = K8S / "components" / "cert-manager"
 
@@ -123,22 +118,20 @@ def test_the_committed_sds_files_are_what_the_renderer_produces(rendered: list[D
 def test_envoy_checks_the_server_for_a_name_of_the_servers_certificate(
     rendered: list[Doc],
 ) -> None:
-    """Envoy sends the Service's name as SNI and requires it among the server certificate's
-    DNS names; the server Certificate has it, and the address Envoy dials too."""
+    """Envoy sends the Service's short name (the address it dials, resolved in its own
+    namespace) as SNI and requires it among the server certificate's DNS names; the server
+    Certificate has it."""
     _, _, bootstrap = _bootstrap(rendered)
     context = _xds_tls_context(bootstrap)
-    service = _one(rendered, "Service", "xds-server")
-    name = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    name = _one(rendered, "Service", "xds-server")["metadata"]["name"]
     assert context["sni"] == name
     validation = context["common_tls_context"]["combined_validation_context"]
     (matcher,) = validation["default_validation_context"]["match_typed_subject_alt_names"]
     assert matcher == {"san_type": "DNS", "matcher": {"exact": name}}
 
     server_certificate = _certificate_for(rendered, _server_tls_secret(rendered)[0])
-    (cluster,) = bootstrap["static_resources"]["clusters"]
-    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-    dialled = endpoint["address"]["socket_address"]["address"]
-    assert {name, dialled} <= set(server_certificate["spec"]["dnsNames"])
+    assert _xds_endpoint(bootstrap)["address"] == name
+    assert name in server_certificate["spec"]["dnsNames"]
     # And the peers dial pod IPs, checking for the same name.
     assert _server_args(rendered).peer_server_name in server_certificate["spec"]["dnsNames"]
 
@@ -166,11 +159,12 @@ def test_the_certificates_carry_the_names_and_identities_each_side_checks(
     assert {"server auth", "client auth"} <= set(server["usages"])
     # Neither certificate may pass for the other's identity.
     assert args.peer_identity not in envoy["uris"] and args.envoy_identity not in server["uris"]
-    # The SPIFFE-style identities name the namespace and service account they are for.
+    # The SPIFFE-style identities name the service account they are for, in the trust
+    # domain of this deployment's own CA; not the namespace, which an overlay may change.
     for identity, deployment in ((args.envoy_identity, _envoy(rendered)),
                                  (args.peer_identity, _server(rendered))):  # fmt: skip
         account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-        assert identity == f"spiffe://cluster.local/ns/{NAMESPACE}/sa/{account}"
+        assert identity == f"spiffe://xds-server/sa/{account}"
 
 
 # cert-manager.io/v1, as its CRDs define the fields used here (cert-manager's
@@ -290,39 +284,9 @@ async def test_envoy_is_configured_over_the_manifests_mutual_tls(
     bootstrap and SDS files and its pod's node id, each holding a certificate as its
     Certificate describes: Envoy accepts the server's name, the server accepts Envoy's
     identity, and a request goes through. Only the address Envoy dials is local."""
-    args = _container(_envoy(rendered))["args"]
-    node_id = _flag(args, "--service-node").replace("$(POD_NAME)", "envoy-7d9f8-abcde")
-    tls = _server_tls_settings(rendered, cert_dir=pki.server.directory)
-    async with ExampleBackend(backend_id="a") as backend:
-        settings = ServerSettings(
-            config_path=_one_pool_config(backend, tmp_path=tmp_path),
-            xds_port=0,
-            admin_port=0,
-            tls=tls,
-        )
-        async with XdsApplication(settings) as app:
-            await app.wait_ready(within_s=20)
-            bootstrap = _local_envoy_bootstrap(
-                rendered, root=tmp_path, cert_dir=pki.envoy.directory
-            )
-            (cluster,) = bootstrap["static_resources"]["clusters"]
-            endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
-            endpoint["endpoint"]["address"]["socket_address"] = {
-                "address": "127.0.0.1",
-                "port_value": app.xds_port,
-            }
-            async with (
-                EnvoyProcess(bootstrap, extra_args=["--service-node", node_id]) as envoy,
-                aiohttp.ClientSession() as http,
-            ):
-                await envoy.wait_live(timeout=30)
-                port = await envoy.listener_port(names.LISTENER_NAME)
-                url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                async with http.post(url, json=_CHAT) as response:
-                    assert response.status == 200
-                assert node_id in {r.node_id for r in app.registry.streams()}
-                stats = await envoy.get_stats("cluster.xds_cluster.ssl.handshake")
-                assert stats["cluster.xds_cluster.ssl.handshake"] >= 1
+    async with _pod_envoy(rendered, pki, tmp_path, address="127.0.0.1") as envoy:
+        stats = await envoy.get_stats("cluster.xds_cluster.ssl.handshake")
+        assert stats["cluster.xds_cluster.ssl.handshake"] >= 1
 
 
 async def test_a_replica_links_to_its_peer_over_the_manifests_mutual_tls(

@@ -1,8 +1,9 @@
-"""What `kubectl kustomize k8s/` renders: every part, each object valid against the
-Kubernetes OpenAPI schemas (kubernetes-validate, strict: an unknown or misspelt field is an
-error) of the oldest Kubernetes the manifests promise and of the newest the library ships,
-all in the namespace and labelled, and Services and PodDisruptionBudgets selecting
-existing pods."""
+"""What `kubectl kustomize k8s/` renders (the base: the server and Envoy, no Namespace, no
+model server), and what it renders with each optional component and with all of them:
+each object valid against the Kubernetes OpenAPI schemas (kubernetes-validate, strict: an
+unknown or misspelt field is an error) of the oldest Kubernetes the manifests promise and
+of the newest the library ships, all in the namespace and labelled, and Services and
+PodDisruptionBudgets selecting existing pods."""
 
 from __future__ import annotations
 
@@ -10,23 +11,29 @@ import kubernetes_validate
 import pytest
 
 from tests.k8s.manifests import (
+    COMPONENTS,
     KUBERNETES_VERSIONS,
     NAMESPACE,
     PART_OF,
     Doc,
     _all,
     _container,
-    _is_cert_manager,
+    _is_custom,
+    _kustomize_overlay,
     _pod_labels,
     _port_number,
     _selects,
 )
 
 
-def test_the_kustomization_renders_every_part(rendered: list[Doc]) -> None:
-    names = {(d["kind"], d["metadata"]["name"]) for d in rendered}
+def _names(docs: list[Doc]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_the_base_renders_the_server_and_envoy_only(base: list[Doc]) -> None:
+    """No Namespace object (the namespace may exist already) and no model server."""
+    names = _names(base)
     assert {
-        ("Namespace", "xds-server"),
         ("ServiceAccount", "xds-server"),
         ("ServiceAccount", "envoy"),
         ("Role", "xds-server"),
@@ -38,9 +45,8 @@ def test_the_kustomization_renders_every_part(rendered: list[Doc]) -> None:
         ("Deployment", "envoy"),
         ("Service", "envoy"),
         ("PodDisruptionBudget", "envoy"),
-        ("Deployment", "vllm-llama"),
         ("NetworkPolicy", "xds-server"),
-        ("NetworkPolicy", "vllm-llama"),
+        ("NetworkPolicy", "envoy"),
         ("Issuer", "xds-server-selfsigned"),
         ("Certificate", "xds-server-ca"),
         ("Issuer", "xds-server-ca"),
@@ -49,18 +55,54 @@ def test_the_kustomization_renders_every_part(rendered: list[Doc]) -> None:
     } <= names, sorted(names)
     assert any(k == "ConfigMap" and n.startswith("envoy-bootstrap-") for k, n in names)
     assert any(k == "ConfigMap" and n.startswith("envoy-sds-") for k, n in names)
-    assert len(rendered) == 22, sorted(names)
+    assert len(base) == 20, sorted(names)
+    assert {d["metadata"]["name"] for d in _all(base, "Deployment")} == {"xds-server", "envoy"}
+
+
+# What each optional component adds to the base. A component added to k8s/components/
+# without an entry here fails test_each_component_renders_on_the_base.
+ADDED = {
+    "namespace": {("Namespace", "xds-server")},
+    "example-model-server": {("Deployment", "vllm-llama"), ("NetworkPolicy", "vllm-llama")},
+    "monitoring": {
+        ("PodMonitor", "xds-server"),
+        ("PodMonitor", "envoy"),
+        ("PrometheusRule", "xds-server"),
+        ("ConfigMap", "xds-server-dashboard"),
+    },
+    "autoscaling": {("ScaledObject", "vllm-llama")},
+}
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_each_component_renders_on_the_base(base: list[Doc], component: str) -> None:
+    """`kubectl kustomize` of an overlay with the base and this component alone: the base
+    as it was, plus the component's objects, each valid and in the namespace."""
+    docs = _kustomize_overlay([component])
+    assert component in ADDED, f"k8s/components/{component} is new: say what it adds"
+    assert _names(docs) == _names(base) | ADDED[component]
+    _check_schemas(docs, KUBERNETES_VERSIONS[-1])
+    _check_namespace_and_labels(docs)
+
+
+def test_every_component_renders_together(base: list[Doc], rendered: list[Doc]) -> None:
+    assert _names(rendered) == _names(base).union(*ADDED.values())
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_every_object_validates_against_the_kubernetes_schemas(
     rendered: list[Doc], version: str
 ) -> None:
-    """Every object but cert-manager's, whose CRDs the library does not know (they get a
-    check of their own, test_the_cert_manager_objects_have_the_fields_the_crds_define)."""
+    """Every object but the custom resources, whose CRDs the library does not know (they
+    get checks of their own: test_the_cert_manager_objects_have_the_fields_the_crds_define,
+    test_monitoring.py, test_autoscaling.py)."""
+    _check_schemas(rendered, version)
+
+
+def _check_schemas(docs: list[Doc], version: str) -> None:
     problems = []
-    for doc in rendered:
-        if _is_cert_manager(doc):
+    for doc in docs:
+        if _is_custom(doc):
             with pytest.raises(kubernetes_validate.SchemaNotFoundError):
                 kubernetes_validate.validate(doc, version, strict=True)
             continue
@@ -94,18 +136,22 @@ def test_validation_is_strict() -> None:
 def test_everything_is_in_the_namespace_and_labelled_without_touching_selectors(
     rendered: list[Doc],
 ) -> None:
-    for doc in rendered:
+    _check_namespace_and_labels(rendered)
+
+
+def _check_namespace_and_labels(docs: list[Doc]) -> None:
+    for doc in docs:
         assert _selects(PART_OF, doc["metadata"].get("labels", {})), doc["metadata"]["name"]
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]["name"]
-    for deployment in _all(rendered, "Deployment"):
+    for deployment in _all(docs, "Deployment"):
         assert _selects(PART_OF, deployment["spec"]["template"]["metadata"]["labels"])
         assert "app.kubernetes.io/part-of" not in deployment["spec"]["selector"]["matchLabels"]
-    for service in _all(rendered, "Service"):
+    for service in _all(docs, "Service"):
         assert "app.kubernetes.io/part-of" not in service["spec"]["selector"]
-    for pdb in _all(rendered, "PodDisruptionBudget"):
+    for pdb in _all(docs, "PodDisruptionBudget"):
         assert "app.kubernetes.io/part-of" not in pdb["spec"]["selector"]["matchLabels"]
-    for policy in _all(rendered, "NetworkPolicy"):
+    for policy in _all(docs, "NetworkPolicy"):
         assert "app.kubernetes.io/part-of" not in policy["spec"]["podSelector"]["matchLabels"]
 
 
