@@ -11,11 +11,13 @@ import asyncio
 import contextlib
 import os
 import re
+import shlex
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import pytest
 import yaml
 
 from tests.k8s.manifests import (
@@ -39,6 +41,7 @@ from tests.k8s.manifests import (
     _xds_endpoint,
 )
 from xds_server.app import XdsApplication
+from xds_server.cli import main
 from xds_server.envoy import names
 from xds_server.envoy.bootstrap import STATS_LISTENER, STATS_PATH, render_bootstrap
 from xds_server.settings import ServerSettings
@@ -49,6 +52,40 @@ from xds_testbed.envoy_process import EnvoyProcess, find_envoy
 def test_the_committed_bootstrap_is_what_the_renderer_produces() -> None:
     committed = yaml.safe_load((K8S / "envoy" / "bootstrap.yaml").read_text())
     assert committed == render_bootstrap(**BOOTSTRAP_ARGUMENTS)
+
+
+def _header_command() -> list[str]:
+    """The `xds-server bootstrap ...` command the header of k8s/envoy/bootstrap.yaml says
+    it was generated with (its arguments, up to the redirection)."""
+    header = [
+        line.removeprefix("#").strip()
+        for line in (K8S / "envoy" / "bootstrap.yaml").read_text().splitlines()
+        if line.startswith("#")
+    ]
+    start = next(i for i, line in enumerate(header) if line.startswith("xds-server bootstrap"))
+    command = ""
+    for line in header[start:]:
+        command += " " + line.removesuffix("\\")
+        if not line.endswith("\\"):
+            break
+    words = shlex.split(command)
+    return words[2 : words.index(">")]
+
+
+def test_the_headers_command_writes_the_committed_bootstrap_and_sds_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command a reader would run to regenerate the files, run through the real
+    command line (the SDS files written to a scratch directory instead)."""
+    argv = _header_command()
+    assert _flag(argv, "--write-sds") == "k8s/envoy/sds"
+    argv[argv.index("--write-sds") + 1] = str(tmp_path)
+    assert main(["bootstrap", *argv]) == 0
+    committed = yaml.safe_load((K8S / "envoy" / "bootstrap.yaml").read_text())
+    assert yaml.safe_load(capsys.readouterr().out) == committed
+    written = {p.name: yaml.safe_load(p.read_text()) for p in tmp_path.iterdir()}
+    sds = {p.name: yaml.safe_load(p.read_text()) for p in (K8S / "envoy" / "sds").iterdir()}
+    assert written == sds
 
 
 def test_envoy_reaches_the_server_through_its_service(rendered: list[Doc]) -> None:

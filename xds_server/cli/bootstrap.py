@@ -24,6 +24,11 @@ def print_bootstrap(args: argparse.Namespace) -> int:
         tls = BootstrapTls(
             cert_dir=args.tls_dir, sds_dir=args.sds_dir, server_name=args.server_name
         )
+    if args.stats_port is not None and args.admin_port == 0:
+        raise SystemExit(
+            "xds-server bootstrap: --stats-port forwards to the admin port: give a fixed"
+            " --admin-port"
+        )
     document = render_bootstrap(
         xds_address=args.xds_address,
         xds_port=args.xds_port,
@@ -32,6 +37,8 @@ def print_bootstrap(args: argparse.Namespace) -> int:
         admin_port=args.admin_port,
         delta=args.delta,
         tls=tls,
+        stats_port=args.stats_port,
+        stats_address=args.stats_address,
     )
     if args.write_sds is not None:
         if tls is None:

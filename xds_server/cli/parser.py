@@ -146,6 +146,15 @@ def _add_bootstrap(commands: argparse._SubParsersAction[EnvironmentParser]) -> N
     boot.add_argument("--node-id", default="envoy-0", help="the Envoy's node id")
     boot.add_argument("--node-cluster", default="llm-gateway", help="the Envoy's node cluster")
     boot.add_argument("--admin-port", type=int, default=9901, help="the Envoy's admin port")
+    boot.add_argument(
+        "--stats-port",
+        type=int,
+        help="a listener on this port that serves GET /stats/prometheus (Envoy's stats for"
+        " Prometheus) and nothing else; none without it",
+    )
+    boot.add_argument(
+        "--stats-address", default="0.0.0.0", help="the address of the stats listener"
+    )
     boot.add_argument("--delta", action="store_true", help="use incremental (Delta) xDS")
     boot.add_argument("--format", default="yaml", choices=["yaml", "json"], help="output format")
     boot_tls = boot.add_mutually_exclusive_group()
