@@ -7,19 +7,28 @@ PodDisruptionBudgets selecting existing pods."""
 
 from __future__ import annotations
 
+import re
+import textwrap
+from pathlib import Path
+
 import kubernetes_validate
 import pytest
+import yaml
 
 from tests.k8s.manifests import (
     COMPONENTS,
+    K8S,
     KUBERNETES_VERSIONS,
     NAMESPACE,
     PART_OF,
+    ROOT,
     Doc,
     _all,
     _container,
     _is_custom,
+    _kustomize,
     _kustomize_overlay,
+    _one,
     _pod_labels,
     _port_number,
     _selects,
@@ -172,3 +181,39 @@ def test_services_and_budgets_select_running_pods(rendered: list[Doc]) -> None:
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             assert container["resources"]["requests"], container["name"]
             assert container["resources"]["limits"], container["name"]
+
+
+# Overlays the docs show: a fenced YAML block, or a here-document, that names ../k8s.
+_BLOCK = re.compile(r"```yaml\n(.*?)```|<<'EOF'\n(.*?)\nEOF", re.DOTALL)
+
+
+def _documented_overlays() -> list[tuple[str, str]]:
+    found = []
+    for doc in (ROOT / "README.md", K8S / "README.md"):
+        text = doc.read_text()
+        for match in _BLOCK.finditer(text):
+            block = textwrap.dedent(match[1] or match[2])
+            if "../k8s" in block and "resources:" in block:
+                line = text[: match.start()].count("\n") + 1
+                found.append((f"{doc.relative_to(ROOT)}:{line}", block))
+    return found
+
+
+DOCUMENTED_OVERLAYS = _documented_overlays()
+
+
+@pytest.mark.parametrize(
+    ("where", "overlay"), DOCUMENTED_OVERLAYS, ids=[where for where, _ in DOCUMENTED_OVERLAYS]
+)
+def test_the_overlays_the_docs_show_render(where: str, overlay: str, tmp_path: Path) -> None:
+    """Each, as a directory beside k8s/ (the registry's placeholder in `images:` kept),
+    renders the server and Envoy in the namespace it names."""
+    (tmp_path / "k8s").symlink_to(K8S)
+    (tmp_path / "my-gateway").mkdir()
+    (tmp_path / "my-gateway" / "kustomization.yaml").write_text(overlay)
+    docs = _kustomize(tmp_path / "my-gateway")
+    namespace = yaml.safe_load(overlay).get("namespace", NAMESPACE)
+    for name in ("xds-server", "envoy"):
+        deployment = _one(docs, "Deployment", name)
+        assert deployment["metadata"]["namespace"] == namespace, where
+    assert len(DOCUMENTED_OVERLAYS) >= 3
