@@ -178,6 +178,29 @@ def test_a_suspect_whose_probe_never_began_waited_in_a_queue_and_is_not_judged()
     assert fleet.judged() == {} and fleet.made == []
 
 
+def test_a_suspect_with_no_page_since_it_restarted_whose_probe_never_began_is_stalled() -> None:
+    """A pod on probation (its page late since it restarted, policy/health.py) is sent a
+    small share and has no counters read: a probe that never begins is a stall there."""
+    fleet = Fleet(_config())
+    fleet.verdicts = PodVerdicts(
+        lambda: _config(),
+        clock=fleet.clock,
+        observe=fleet.made.append,
+        unpaged=lambda key: key == PODS[0],
+    )
+    fleet.run(10, BUSY, SERVING)
+    fleet.broken.add(PODS[0])
+    fleet.failure = NOT_BEGUN
+    fleet.run(5, BUSY, {**SERVING, PODS[0]: 0.0})
+    assert fleet.suspected == [PODS[0]]
+    assert fleet.judged() == {PODS[0]: "stalled"}
+    assert "no answer began" in str(fleet.verdicts.to_json()[0]["detail"])
+    # Its probe is served: back, as any judged pod.
+    fleet.broken.clear()
+    fleet.run(10, BUSY, SERVING)
+    assert fleet.judged() == {}
+
+
 def test_a_slow_pod_whose_second_token_is_late_passes_its_second_look() -> None:
     """A10G-like pods beside H100s (scenario a): a batch's decode step takes longer than
     confirm_timeout_s, so a probe's answer begins and then pauses past it. The second

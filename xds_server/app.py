@@ -131,6 +131,7 @@ class XdsApplication:
             on_change=self._verdicts_changed,
             observe=lambda reason: self.telemetry.pod_verdicts.labels(reason).inc(),
             wake=self._probe_wake.set,
+            unpaged=lambda key: self.pods.store.awaits_page(key),
         )
         self.load_reports.observe(self.verdicts)
         self.envoy_load = EnvoyLoad(

@@ -27,7 +27,11 @@ those still in flight; less the failures, it is what completed.
   whose answer, once begun, is not done within `confirm_timeout_s` is the verdict (its
   first chunk may wait `probe_timeout_s` behind the pod's queue: under load, pods of
   scenario c did not answer within a second and were judged stalled), a probe served
-  clears the debt.
+  clears the debt. A probe whose answer never began waited behind the pod's queue, and
+  clears the suspicion, unless the pod has given no metrics page since it (re)started
+  (`unpaged`: on probation, policy/health.py): its engine's counters cannot judge a pod
+  that begins nothing, and it holds no queue of its own making (it is sent a small share),
+  so it is stalled.
 - **failing**: of its requests finished over the last FAILURE_DECAY_S, at least
   `min_failures` failed and they are `failure_ratio` of all (resets, connect failures,
   5xx: Envoy counts each try, so a retried request counts on the pod that failed it).
@@ -189,7 +193,9 @@ class PodVerdicts:
 
     The LoadReports' observer (`reported`, `closed`). `config` gives the routing config in
     force (pods are judged within their pool); `on_change` is called when a verdict is
-    made or lifted; `observe` with each verdict made ("stalled", "failing") for a metric.
+    made or lifted; `observe` with each verdict made ("stalled", "failing") for a metric;
+    `unpaged(key)` says whether a pod has given no metrics page since it (re)started
+    (module docstring: such a pod whose probe never begins is stalled).
     """
 
     def __init__(
@@ -200,8 +206,10 @@ class PodVerdicts:
         on_change: Callable[[], None] = lambda: None,
         observe: Callable[[str], None] = lambda reason: None,
         wake: Callable[[], None] = lambda: None,
+        unpaged: Callable[[str], bool] = lambda key: False,
     ) -> None:
         self._config = config
+        self._unpaged = unpaged
         self._clock = clock
         self._on_change = on_change
         self._wake = wake
@@ -514,8 +522,8 @@ class PodVerdicts:
         was probed (it serves, slowly: a long prefill, a host short of CPU). A probe whose
         answer never began clears the suspicion: it waited behind a queue (a slow pod's
         requests take long), and a pod that answers nothing at all is out by its scrapes or
-        its engine's counters. One that failed otherwise (a reset, an error status),
-        failing."""
+        its engine's counters; but a pod with no page since it (re)started (`unpaged`) is
+        stalled. One that failed otherwise (a reset, an error status), failing."""
         pod = self._pods.get(key)
         if pod is None:
             return
@@ -550,7 +558,8 @@ class PodVerdicts:
                 pod.second_look, pod.next_probe_at = True, now
                 return
         pod.suspected_at, pod.second_look = None, False
-        if failure is None or (timed_out and (finished_since or not began)):
+        queued = not began and not self._unpaged(key)
+        if failure is None or (timed_out and (finished_since or queued)):
             pod.owed, pod.quiet_since = 0.0, now
         elif self._may_judge(pod):
             detail = f"{pod.suspicion}; a probe: {failure}"

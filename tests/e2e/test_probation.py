@@ -1,7 +1,8 @@
 """A pod restarted under load that answers `/health` but not `/metrics` (a real vLLM did so
 for ~40 s, issue 36), through a real Envoy and simulated pods: it is on probation within
 seconds (a small share, proven by real requests), a verdict still takes it out when it
-hangs what it is sent, and its first page ends the probation (policy/health.py)."""
+hangs what it is sent, after a chunk or before any, and its first page ends the
+probation (policy/health.py)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,12 @@ async def state_sample(gateway: LocalGateway, pod_id: str) -> tuple[str, str] | 
 
 
 @pytest.mark.slow
-async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("after_chunks", [1, 0], ids=["wedged-after-a-chunk", "wedged-at-once"])
+async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(
+    tmp_path: Path, after_chunks: int
+) -> None:
+    """Wedged at once, a pod on probation begins nothing: no engine counter can show it,
+    and its probe that never begins is the verdict (verdicts.py, `unpaged`)."""
     specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(4)]
     async with Fleet(specs, model="m") as fleet:
         path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.1})
@@ -106,7 +112,7 @@ async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(tmp_path: 
             assert {o for _, o in sent} == {"ok"}
 
             # Wedged on probation: judged stalled, out, and sent nothing more.
-            pod.wedge(after_chunks=1)
+            pod.wedge(after_chunks=after_chunks)
             wedged_at = loop.time()
             await eventually(
                 lambda: verdict_of(gateway, pod.port) == "stalled",
@@ -146,6 +152,6 @@ async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(tmp_path: 
     print(
         f"restarted pod served again {first_traffic_s:.2f} s after its restart (its /metrics"
         f" hanging), {share:.3f} of the requests on probation; wedged, judged stalled"
-        f" {judged_s:.2f} s later"
+        f" {judged_s:.2f} s later (after {after_chunks} chunks)"
     )
     assert first_traffic_s < FIRST_TRAFFIC_S
