@@ -503,9 +503,17 @@ class Controller:
             )
             _log_failover(pool.name, before, memories[pool.name], planned[pool.name])
         self.failover_memory = memories
-        if planned == decision.failover:
+        # A pool sending traffic to remotes is not admitted by its band limits: they are
+        # its own pods' capacity, which would refuse what the remotes can take (the
+        # remote gateways admit by their own budgets).
+        admitted = {
+            pool: admission
+            for pool, admission in decision.admissions.items()
+            if pool not in planned or not planned[pool].active
+        }
+        if planned == decision.failover and len(admitted) == len(decision.admissions):
             return decision
-        return dataclasses.replace(decision, failover=planned)
+        return dataclasses.replace(decision, failover=planned, admissions=admitted)
 
 
 def _log_failover(

@@ -223,8 +223,8 @@ async def test_a_cluster_that_loses_its_pods_fails_over_and_ramps_back(tmp_path:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
             runner = asyncio.create_task(load.run(http, stop))
             watcher = asyncio.create_task(watch_a_pods())
-            await asyncio.sleep(3)
-            before = load.served(0, loop.time())
+            await asyncio.sleep(4)
+            before = load.served(loop.time() - 2, loop.time())
             assert before and all(pod is not None and pod.startswith("a-") for pod, _ in before)
 
             # Every pod of A dies.
@@ -276,6 +276,7 @@ async def test_a_cluster_that_loses_its_pods_fails_over_and_ramps_back(tmp_path:
             stop.set()
             await asyncio.gather(runner, watcher)
 
+        during_ramp = [(r, w) for t, r, w in samples if revived_at <= t <= ramp_end]
         per_second = []
         for second in range(int(ramp_end - revived_at) + 2):
             start = revived_at + second
@@ -285,22 +286,24 @@ async def test_a_cluster_that_loses_its_pods_fails_over_and_ramps_back(tmp_path:
         print(
             f"failover: server {failover_s:.2f} s, Envoy {envoy_failover_s:.2f} s;"
             f" ramp-up {ramp_up_s:.2f} s; A's share per second after revival {per_second};"
-            f" most requests on one of A's pods during the ramp {max(r + w for _, r, w in samples)}"
+            f" most requests on one of A's pods in the ramp {max(r + w for r, w in during_ramp)}"
         )
         # No request failed, before or during the failover (retried on the remote priority).
-        assert during and all(status == 200 for _, status in during), during
+        assert during and all(status == 200 for _, status in during), [
+            (pod, status) for pod, status in during if status != 200
+        ]
         assert all(pod is not None and pod.startswith("b-") for pod, _ in during)
         assert failover_s <= FAILOVER_BOUND_S
-        # The way back is gradual: the share went through several steps, never down.
+        # The way back is gradual: the share went through several steps (and may have
+        # backed off where the pods filled up), and never back to nothing.
         steps = sorted({s for _, s in shares if 0 < s < 1})
         assert len(steps) >= 4, shares
-        values = [s for _, s in shares]
-        assert values == sorted(values), shares
+        first = next(i for i, (_, s) in enumerate(shares) if s > 0)
+        assert all(s > 0 for _, s in shares[first:]), shares
         assert ramp_up_s >= FAILOVER["hold_s"] + FAILOVER["ramp_s"] * 0.5
         # ... and never overloads A's pods: never more requests on a pod than its batch
         # holds (a request arrived between two engine steps waits for the next one, so
         # `waiting` alone is not overload: waiting beyond a full batch is).
-        during_ramp = [(r, w) for t, r, w in samples if revived_at <= t <= ramp_end]
         assert during_ramp and max(r + w for r, w in during_ramp) <= BATCH
         after = load.served(revived_at, loop.time())
         assert all(status == 200 for _, status in after)

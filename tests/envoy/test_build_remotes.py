@@ -109,3 +109,17 @@ def test_retries_of_a_pool_with_remotes_move_to_another_priority() -> None:
     }
     assert by_cluster["gpu"].retry_priority.name == PREVIOUS_PRIORITIES
     assert not by_cluster["solo"].HasField("retry_priority")
+
+
+def test_share_0_takes_the_local_pods_out_of_their_adapters_subsets() -> None:
+    pool = POOL.model_copy(update={"adapters": ("lora-a",)})
+    state = PoolState(
+        name="gpu",
+        endpoints=(EndpointState(address="10.0.0.1", port=8000, weight=30, adapters=("lora-a",)),),
+    )
+    for share, listed in ((1.0, ["lora-a"]), (0.0, None)):
+        failover = PoolFailover(share=share, targets=TARGETS)
+        cla = build_pool_endpoints(pool, state, spills=False, failover=failover)[0]
+        metadata = cla.endpoints[0].lb_endpoints[0].metadata.filter_metadata
+        lb = metadata.get(names.LB_METADATA_NAMESPACE)
+        assert (list(lb[names.LORA_KEY]) if lb is not None else None) == listed

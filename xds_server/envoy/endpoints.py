@@ -193,6 +193,9 @@ def _add_remotes(assignment: _Any, failover: PoolFailover) -> None:
     if failover.share <= 0:
         for lb_endpoint in in_rotation:
             lb_endpoint.health_status = health_check_pb2.UNHEALTHY
+            # Out of every adapter's subset too: a subset of hosts all out of rotation
+            # answers 503 where the fallback (the whole pool, remotes included) serves.
+            lb_endpoint.metadata.filter_metadata.pop(names.LB_METADATA_NAMESPACE, None)
     elif in_rotation:
         healthy = sum(e.load_balancing_weight.value for e in in_rotation)
         placeholder = _lb_endpoint(
