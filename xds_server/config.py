@@ -291,6 +291,9 @@ class FailoverConfig(_Strict):
     step_s: Annotated[float, Field(gt=0, le=60)] = 1.0
     # The least local share a saturated pool keeps (it still serves what it can).
     min_share: Annotated[float, Field(ge=0.01, le=1)] = 0.1
+    # The least headroom (1 - saturation) a usable remote is weighed with: a full remote
+    # still gets some of the traffic shed to remotes.
+    min_headroom: Annotated[float, Field(gt=0, le=1)] = 0.05
 
     @model_validator(mode="after")
     def _ordered(self) -> FailoverConfig:

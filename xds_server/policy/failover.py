@@ -8,7 +8,7 @@ failures counts against priority 0's health at once, and a retry goes to another
 priority); this is the slow loop's part, from what only the server sees:
 
     no HEALTHY local pod                       share 0 at once (failover)
-    share 1, saturation >= `saturation`        share steps down (shed to the remotes)
+    share 1, saturation >= `saturation`        share halves (shed to the remotes)
     share < 1, saturation >= `back_off_at`     share halves, at most every `step_s`
     share < 1, saturation <= `grow_below`      share grows by step_s / ramp_s, at most
         and no local pod queueing                 every `step_s`, once the local pods
@@ -28,7 +28,7 @@ each other the same traffic). A remote whose server is not heard from (no peer, 
 last summary too old: the caller passes none) is used blind: its gateway may well serve
 without its server, and Envoy's outlier detection and retries judge it. Among
 the usable ones each gets its configured weight scaled by its reported headroom (1 -
-saturation, at least 0.05), so the least saturated remote gets the most. When no remote
+saturation, at least `min_headroom`), so the least saturated remote gets the most. When no remote
 is usable the share is reported as 1 whatever it is: Envoy has nowhere else to send.
 """
 
@@ -38,7 +38,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from xds_server.config import FlowControlConfig, PoolConfig, RemoteConfig
+from xds_server.config import FailoverConfig, FlowControlConfig, PoolConfig, RemoteConfig
 from xds_server.policy.signals import PodSignals
 from xds_server.policy.state import Health, PoolState
 
@@ -51,10 +51,6 @@ __all__ = [
     "plan_pool",
     "pool_saturation",
 ]
-
-# The smallest headroom a usable remote is weighed with (a full remote still counts).
-_MIN_HEADROOM = 0.05
-
 
 @dataclass(frozen=True, kw_only=True)
 class PoolSummary:
@@ -117,7 +113,7 @@ class PoolFailover:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "share": round(self.share, 4),
+            "share": self.share,
             "active": self.active,
             "reason": self.reason,
             "remotes": [
@@ -183,44 +179,53 @@ def plan_pool(
     `state` is the policy's decision for the pool (None: not decided, taken as all
     healthy: Envoy alone judges it); `remotes` views by remote name."""
     settings = pool.failover
-    targets = tuple(t for r in pool.remotes for t in _targets(r, remotes.get(r.name)))
+    targets = tuple(
+        t for r in pool.remotes for t in _targets(r, remotes.get(r.name), settings)
+    )
     if state is None:
         return PoolFailover(targets=targets), memory
     healthy, saturation, _, queueing = pool_saturation(
         pool, state, signals, flow_control=flow_control
     )
-    share, since, stepped, reason = memory.share, memory.healthy_since, memory.stepped_at, ""
-    due = now - stepped >= settings.step_s
     if healthy == 0:
         share, since, reason = 0.0, None, "no healthy local pod"
     else:
-        if since is None and share < 1.0:
-            since = now
-        held = since is None or now - since >= settings.hold_s
-        load = saturation or 0.0
-        if share >= 1.0 and load >= settings.saturation:
-            share, reason = max(settings.min_share, 0.5), f"saturation {load:.2f}"
-        elif share < 1.0 and not held:
-            reason = "local pods recovering"
-        elif share < 1.0 and due and share > 0 and load >= settings.back_off_at:
-            share, reason = max(settings.min_share, share / 2), f"backing off at {load:.2f}"
-        elif share < 1.0 and due and load <= settings.grow_below and not queueing:
-            step = settings.step_s / settings.ramp_s
-            share, reason = min(1.0, share + step), f"ramping up at {load:.2f}"
-        elif share < 1.0:
-            reason = f"holding at {load:.2f}"
-        if share >= 1.0:
-            since = None
-    share = round(share, 6)
-    stepped = now if share != memory.share else stepped
+        share, since, reason = _next_share(
+            settings, memory, load=saturation or 0.0, queueing=queueing, now=now
+        )
+    stepped = now if share != memory.share else memory.stepped_at
     failovers = memory.failovers + (1 if memory.share >= 1.0 > share else 0)
-    failover = PoolFailover(share=share, targets=targets, reason=reason or "local")
+    failover = PoolFailover(share=share, targets=targets, reason=reason)
     return failover, FailoverMemory(
         share=share, healthy_since=since, stepped_at=stepped, failovers=failovers
     )
 
 
-def _targets(remote: RemoteConfig, view: RemoteView | None) -> list[RemoteTarget]:
+def _next_share(
+    settings: FailoverConfig, memory: FailoverMemory, *, load: float, queueing: bool, now: float
+) -> tuple[float, float | None, str]:
+    """(share, healthy since, reason) of a pool with a healthy pod (module docstring)."""
+    share, since = memory.share, memory.healthy_since
+    if share >= 1.0:
+        if load >= settings.saturation:
+            return max(settings.min_share, share / 2), None, f"saturation {load:.2f}"
+        return share, None, "local"
+    if since is None:
+        since = now
+    due = now - memory.stepped_at >= settings.step_s
+    if now - since < settings.hold_s:
+        return share, since, "local pods recovering"
+    if due and share > 0 and load >= settings.back_off_at:
+        return max(settings.min_share, share / 2), since, f"backing off at {load:.2f}"
+    if due and load <= settings.grow_below and not queueing:
+        grown = min(1.0, share + settings.step_s / settings.ramp_s)
+        return grown, None if grown >= 1.0 else since, f"ramping up at {load:.2f}"
+    return share, since, f"holding at {load:.2f}"
+
+
+def _targets(
+    remote: RemoteConfig, view: RemoteView | None, settings: FailoverConfig
+) -> list[RemoteTarget]:
     if view is None:
         return []
     usable = True
@@ -230,7 +235,7 @@ def _targets(remote: RemoteConfig, view: RemoteView | None) -> list[RemoteTarget
         if summary.healthy == 0 or summary.failing_over:
             usable = False
         elif summary.saturation is not None:
-            weight *= max(_MIN_HEADROOM, 1.0 - summary.saturation)
+            weight *= max(settings.min_headroom, 1.0 - summary.saturation)
     return [
         RemoteTarget(
             remote=remote.name,
