@@ -7,16 +7,17 @@ Timing is on the event loop's clock, which these tests fast-forward (looptime): 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import pytest
 
 from xds_server.config import Band, RoutingConfig, parse_config
-from xds_server.controller import LOAD_DECISION_GAP_S, Controller, LoadSource
+from xds_server.controller import LOAD_DECISION_GAP_S, Controller, LoadSource, RemotesSource
 from xds_server.envoy.names import band_clusters, long_prompt_clusters
 from xds_server.errors import ConfigError
 from xds_server.policy.admission import BandLoad
 from xds_server.policy.decision import Decider, FleetLoad, PoolLoad
+from xds_server.policy.failover import RemoteView
 from xds_server.policy.shares import EnvoyDemand
 from xds_server.policy.signals import PodSignals
 from xds_server.snapshot_builder import SnapshotBuilder
@@ -511,3 +512,73 @@ async def test_an_idle_fleet_is_not_decided_again(monkeypatch: pytest.MonkeyPatc
 
 
 FLOW_ON = "flow_control: {enabled: true}\n"
+
+
+FAILOVER = """
+updates: {debounce_s: 0.01, max_delay_s: 0.1}
+balancing: {scrape_interval_s: 0.05}
+flow_control: {enabled: true, default_pod_concurrency: 10}
+pools:
+  - name: pool
+    models: [m]
+    endpoints: [{address: 10.0.0.1, port: 8000}, {address: 10.0.0.2, port: 8000}]
+    remotes: [{name: east, address: 192.0.2.1, port: 8080}]
+"""
+
+
+class FakeRemotes:
+    """A RemotesSource: every remote at its configured address, no summary."""
+
+    def views(self, config: RoutingConfig) -> Mapping[str, Mapping[str, RemoteView]]:
+        return {
+            p.name: {r.name: RemoteView(addresses=(r.address,)) for r in p.remotes}
+            for p in config.pools
+        }
+
+
+_remotes: type[RemotesSource] = FakeRemotes
+
+
+@pytest.mark.looptime
+async def test_a_pool_failing_over_is_not_admitted_by_its_own_pods_capacity() -> None:
+    telemetry, cache = Telemetry(), SnapshotCache()
+    load = FakeLoad({"standard": 4}, envoys=("a",))
+    pods = {
+        key: PodSignals(silent_s=0, waiting=0, running=2)
+        for key in ("10.0.0.1:8000", "10.0.0.2:8000")
+    }
+    controller = Controller(
+        cache=cache,
+        telemetry=telemetry,
+        signals=lambda now: dict(pods),
+        load=load,
+        remotes=FakeRemotes(),
+    )
+    task = asyncio.create_task(controller.run())
+    key = "circuit_breakers.pool/standard.default.max_requests"
+
+    def layer() -> dict[str, float]:
+        entry = cache.entry_for("", "a")
+        assert entry is not None
+        [runtime] = entry.snapshot.resources[ResourceType.RUNTIME].values()
+        return dict(runtime.message.layer)
+
+    try:
+        controller.submit(parse_config(FAILOVER))
+        await asyncio.wait_for(controller.settled(), 2)
+        assert not controller.decision.failover["pool"].active
+        assert "pool" in controller.decision.admissions
+        assert key in layer()
+
+        # Every pod down: all traffic to the remote, and no band limit from a capacity of 0.
+        for name in pods:
+            pods[name] = PodSignals(silent_s=1, waiting=0, running=0, down=True)
+        controller.metrics_changed()
+        await asyncio.sleep(0.3)
+        plan = controller.decision.failover["pool"]
+        assert plan.active and plan.share == 0
+        assert "pool" not in controller.decision.admissions
+        assert key not in layer()
+        assert controller.failover_memory["pool"].failovers == 1
+    finally:
+        task.cancel()
