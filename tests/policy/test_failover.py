@@ -152,3 +152,16 @@ def test_a_pool_the_policy_does_not_decide_keeps_its_remotes_at_full_local_share
         memory=FailoverMemory(), now=0.0,
     )  # fmt: skip
     assert plan.share == 1.0 and len(plan.targets) == 2 and memory == FailoverMemory()
+
+
+def test_the_ramp_waits_while_one_pod_has_a_full_batch_though_the_pool_has_room() -> None:
+    memory = FailoverMemory(share=0.5, healthy_since=-10.0, stepped_at=-10.0)
+    signals = {
+        "10.0.0.1:8000": PodSignals(silent_s=0, running=10, waiting=0),
+        "10.0.0.2:8000": PodSignals(silent_s=0, running=0, waiting=0),
+    }
+    plan, _ = plan_pool(
+        POOL, _state(True), signals, remotes=VIEWS, flow_control=FlowControlConfig(),
+        memory=memory, now=0.0,
+    )  # fmt: skip
+    assert plan.share == 0.5 and "holding" in plan.reason

@@ -180,15 +180,13 @@ def pool_reports(
         state = states.get(pool.name)
         if state is None:
             continue
-        healthy, saturation, capacity, _ = pool_saturation(
-            pool, state, signals, flow_control=config.flow_control
-        )
+        local = pool_saturation(pool, state, signals, flow_control=config.flow_control)
         plan = failover.get(pool.name)
         pools[pool.name] = PoolReport(
-            healthy=healthy,
+            healthy=local.healthy,
             endpoints=len(state.endpoints),
-            saturation=None if saturation is None else round(saturation, 3),
-            capacity=capacity,
+            saturation=None if local.saturation is None else round(local.saturation, 3),
+            capacity=local.capacity,
             failing_over=plan is not None and plan.share < 1.0,
         )
     return ReplicaReport(replica=replica, pools=pools)

@@ -10,9 +10,9 @@ priority); this is the slow loop's part, from what only the server sees:
     no HEALTHY local pod                       share 0 at once (failover)
     share 1, saturation >= `saturation`        share halves (shed to the remotes)
     share < 1, saturation >= `back_off_at`     share halves, at most every `step_s`
-    share < 1, saturation <= `grow_below`      share grows by step_s / ramp_s, at most
-        and no local pod queueing                 every `step_s`, once the local pods
-                                                  have been healthy for `hold_s`
+    share < 1, saturation <= `grow_below`,     share grows by step_s / ramp_s, at most
+        no local pod queueing or with a           every `step_s`, once the local pods
+        full batch                                have been healthy for `hold_s`
     otherwise                                  share holds
 
 Saturation is the local pods' requests running and waiting over their batch limit
@@ -44,6 +44,7 @@ from xds_server.policy.state import Health, PoolState
 
 __all__ = [
     "FailoverMemory",
+    "LocalLoad",
     "PoolFailover",
     "PoolSummary",
     "RemoteTarget",
@@ -137,31 +138,53 @@ class FailoverMemory:
     failovers: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class LocalLoad:
+    """A pool's own pods as the failover sees them: how many are HEALTHY, their requests
+    running and waiting over their batch limits (None: none healthy), those limits
+    summed, the fullest pod's ratio, and whether any pod queues."""
+
+    healthy: int = 0
+    saturation: float | None = None
+    capacity: int = 0
+    fullest: float = 0.0
+    queueing: bool = False
+
+
 def pool_saturation(
     pool: PoolConfig,
     state: PoolState | None,
     signals: Mapping[str, PodSignals],
     *,
     flow_control: FlowControlConfig,
-) -> tuple[int, float | None, int, bool]:
-    """(healthy pods, saturation, capacity, any pod queueing) of `pool` by its HEALTHY
-    pods' metrics; saturation None when none is healthy."""
+) -> LocalLoad:
+    """`pool`'s LocalLoad by its HEALTHY pods' metrics (a pod not scraped yet counts as
+    idle); each pod's batch limit is `batch_limit`, else its hardware class's
+    `pod_concurrency`, else `default_pod_concurrency`."""
     if state is None:
-        return 0, None, 0, False
+        return LocalLoad()
     healthy = [e for e in state.endpoints if e.health is Health.HEALTHY]
     capacity = 0
-    demand = 0.0
+    demand = fullest = 0.0
     queueing = False
     for endpoint in healthy:
-        capacity += pool.batch_limit or flow_control.pod_concurrency.get(
+        batch = pool.batch_limit or flow_control.pod_concurrency.get(
             endpoint.hardware or "", flow_control.default_pod_concurrency
         )
+        capacity += batch
         observed = signals.get(endpoint.id)
         if observed is not None and observed.scraped:
-            demand += max(0.0, observed.running) + max(0.0, observed.waiting)
+            held = max(0.0, observed.running) + max(0.0, observed.waiting)
+            demand += held
+            fullest = max(fullest, held / batch)
             queueing = queueing or observed.waiting > 0
-    saturation = demand / capacity if capacity else None
-    return len(healthy), saturation, capacity, queueing
+    return LocalLoad(
+        healthy=len(healthy),
+        saturation=demand / capacity if capacity else None,
+        capacity=capacity,
+        fullest=fullest,
+        queueing=queueing,
+    )
 
 
 def plan_pool(
@@ -184,15 +207,11 @@ def plan_pool(
     )
     if state is None:
         return PoolFailover(targets=targets), memory
-    healthy, saturation, _, queueing = pool_saturation(
-        pool, state, signals, flow_control=flow_control
-    )
-    if healthy == 0:
+    local = pool_saturation(pool, state, signals, flow_control=flow_control)
+    if local.healthy == 0:
         share, since, reason = 0.0, None, "no healthy local pod"
     else:
-        share, since, reason = _next_share(
-            settings, memory, load=saturation or 0.0, queueing=queueing, now=now
-        )
+        share, since, reason = _next_share(settings, memory, local, now=now)
     stepped = now if share != memory.share else memory.stepped_at
     failovers = memory.failovers + (1 if memory.share >= 1.0 > share else 0)
     failover = PoolFailover(share=share, targets=targets, reason=reason)
@@ -202,10 +221,10 @@ def plan_pool(
 
 
 def _next_share(
-    settings: FailoverConfig, memory: FailoverMemory, *, load: float, queueing: bool, now: float
+    settings: FailoverConfig, memory: FailoverMemory, local: LocalLoad, *, now: float
 ) -> tuple[float, float | None, str]:
     """(share, healthy since, reason) of a pool with a healthy pod (module docstring)."""
-    share, since = memory.share, memory.healthy_since
+    share, since, load = memory.share, memory.healthy_since, local.saturation or 0.0
     if share >= 1.0:
         if load >= settings.saturation:
             return max(settings.min_share, share / 2), None, f"saturation {load:.2f}"
@@ -217,7 +236,8 @@ def _next_share(
         return share, since, "local pods recovering"
     if due and share > 0 and load >= settings.back_off_at:
         return max(settings.min_share, share / 2), since, f"backing off at {load:.2f}"
-    if due and load <= settings.grow_below and not queueing:
+    room = load <= settings.grow_below and local.fullest < settings.back_off_at
+    if due and room and not local.queueing:
         grown = min(1.0, share + settings.step_s / settings.ramp_s)
         return grown, None if grown >= 1.0 else since, f"ramping up at {load:.2f}"
     return share, since, f"holding at {load:.2f}"
