@@ -24,7 +24,9 @@ Figures per policy (results.json `policies.<name>`):
     ramp_up_s         from the revival until A's pods serve, over one second, at least 90%
                       of the share they had before the kill (null: not within the run)
     ramp_max_pod_requests   the most requests (running and waiting) on one of A's pods
-                      from the revival to the end: at most the batch is no overload
+                      from the revival until `ramp_up_s`: at most the batch is no
+                      overload (`steady_max_pod_requests`: the same, in the 5 s
+                      before the kill)
     a_share_per_second      A's share of the requests of each second after the revival
 
     flock /tmp/bench.lock python -m bench.failover --out bench/results/i
@@ -139,7 +141,13 @@ def figures(
         "ttft_p50_s": round(_quantile(ttfts, 0.5), 4) if ttfts else None,
         "a_share_before": round(baseline, 3) if baseline is not None else None,
         "ramp_up_s": ramp_up_s,
-        "ramp_max_pod_requests": max((n for t, n in peaks if t >= revive), default=None),
+        "ramp_max_pod_requests": max(
+            (n for t, n in peaks if revive <= t <= revive + (ramp_up_s or math.inf)),
+            default=None,
+        ),
+        "steady_max_pod_requests": max(
+            (n for t, n in peaks if kill - 5 <= t < kill), default=None
+        ),
         "a_share_per_second": per_second,
     }
 
@@ -311,7 +319,7 @@ async def run_scenario_i(
 def markdown(results: dict[str, Any]) -> str:
     keys = (
         "failover_s", "failed_requests", "failed_before_headers", "ttft_p99_s",
-        "ramp_up_s", "ramp_max_pod_requests", "requests",
+        "ramp_up_s", "ramp_max_pod_requests", "steady_max_pod_requests", "requests",
     )  # fmt: skip
     lines = [
         f"Scenario i: {results['title']} (batch {results['batch']}; {results['timeline']})",

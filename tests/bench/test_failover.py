@@ -20,7 +20,7 @@ def test_figures_of_a_failover_and_its_ramp() -> None:
     outcomes += [_ok(8.2, "b-1"), _ok(8.7, "b-0")]  # second 0 after the revival: no A
     outcomes += [_ok(9.2, "a-0"), _ok(9.7, "b-0")]  # second 1: half
     outcomes += [_ok(10.2, "a-0"), _ok(10.7, "a-1")]  # second 2: all A again
-    result = figures(outcomes, [(8.5, 3), (3.0, 9)], TIMELINE)
+    result = figures(outcomes, [(8.5, 3), (3.0, 9), (12.0, 5)], TIMELINE)
     assert result["failed_requests"] == 2
     assert result["failed_before_headers"] == 1
     assert result["failover_s"] == 0.5  # from 4.5 s on, everything succeeded
@@ -29,7 +29,9 @@ def test_figures_of_a_failover_and_its_ramp() -> None:
     assert result["a_share_before"] == 1.0
     assert result["a_share_per_second"][:3] == [0.0, 0.5, 1.0]
     assert result["ramp_up_s"] == 3.0
-    assert result["ramp_max_pod_requests"] == 3  # the peak before the revival is not counted
+    # Only the ramp's peaks count (8 s to 11 s), and the steady state's apart.
+    assert result["ramp_max_pod_requests"] == 3
+    assert result["steady_max_pod_requests"] == 9
 
 
 def test_a_cluster_without_failover_never_recovers_its_window() -> None:
