@@ -253,6 +253,10 @@ async def test_a_cluster_that_loses_its_pods_fails_over_and_ramps_back(tmp_path:
             assert _sample(a, "xds_pool_failovers_total", pool="gpu") == 1
             assert _sample(a, "xds_remote_up", pool="gpu", remote="b") == 1
             assert _sample(b, "xds_remote_up", pool="gpu", remote="a") == 0
+            async with http.get(f"http://127.0.0.1:{a.app.debug_port}/debug/nodes") as page:
+                fleet = (await page.json())["fleet"]
+            assert fleet["failover"]["gpu"]["share"] == 0
+            assert [s["up"] for s in fleet["remote_servers"]] == [True]
             await asyncio.sleep(4)
             during = load.served(killed_at, loop.time())
 
