@@ -499,32 +499,56 @@ def _vllm(
     page.gauge(
         "vllm:cache_config_info",
         "Information of the LLMEngine CacheConfig",
-        [
-            (
-                {
-                    "block_size": str(profile.block_size),
-                    "cache_dtype": "auto",
-                    "calculate_kv_scales": "False",
-                    "cpu_offload_gb": "0",
-                    "enable_prefix_caching": "True",
-                    "engine": "0",
-                    "gpu_memory_utilization": "0.9",
-                    "is_attention_free": "False",
-                    "num_cpu_blocks": "None",
-                    "num_gpu_blocks": str(round(profile.kv_blocks * kv_claim)),
-                    "num_gpu_blocks_override": "None",
-                    "prefix_caching_hash_algo": "builtin",
-                    "sliding_window": "None",
-                    "swap_space": "4",
-                    "swap_space_bytes": "4294967296",
-                },
-                1.0,
-            )
-        ],
+        [(_vllm_cache_config(profile.block_size, round(profile.kv_blocks * kv_claim)), 1.0)],
     )
     if http is not None:
         _http_families(page, http)
     return _process_text() + page.text()
+
+
+def _vllm_cache_config(block_size: int, blocks: int) -> dict[str, str]:
+    """`vllm:cache_config_info`'s labels as vLLM 0.32 writes them (a real page's set:
+    tests/fixtures/vllm/), with this pod's cache size."""
+    tokens = block_size * blocks
+    return {
+        "_block_size_resolved": "True",
+        "block_size": str(block_size),
+        "cache_dtype": "auto",
+        "cache_hit_alignment_tokens": "None",
+        "effective_attention_block_size": str(block_size),
+        "enable_mamba_shared_prefix_checkpoint": "False",
+        "enable_prefix_caching": "True",
+        "engine": "0",
+        "gpu_memory_utilization": "0.9",
+        "hash_block_size": "None",
+        "is_attention_free": "False",
+        "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": "None",
+        "kv_cache_memory_bytes": "None",
+        "kv_cache_size_tokens": str(tokens),
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": "None",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_block_size": "None",
+        "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "float32",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(blocks),
+        "num_gpu_blocks_override": "None",
+        "prefix_cache_retention_interval": "0",
+        "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": "None",
+        "replayssm_buffer_len": "16",
+        "skip_page_size_padded": "None",
+        "sliding_window": "None",
+        "swa_bounded_replay": "True",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
+        "user_specified_block_size": "False",
+    }
 
 
 def _sglang(engine: Engine, state: EngineState, model_name: str) -> str:
