@@ -92,6 +92,32 @@ def verdict_of(gateway: LocalGateway, port: int) -> str | None:
     return next((e.verdict for e in state.endpoints if e.port == port), None)
 
 
+async def judged_out(
+    gateway: LocalGateway, load: Load, port: int, verdict: str
+) -> tuple[float, float]:
+    """Wait until the pod at `port` is judged `verdict`, then held UNHEALTHY by Envoy, then
+    for 200 requests sent after that; returns the loop times of the verdict and of Envoy's."""
+    loop = asyncio.get_running_loop()
+    await eventually(
+        lambda: verdict_of(gateway, port) == verdict,
+        within_s=60,
+        what=f"the pod judged {verdict}",
+    )
+    judged_at = loop.time()
+
+    async def out_at_envoy() -> bool:
+        return (await hosts(gateway))[port][1] == "UNHEALTHY"
+
+    await eventually(out_at_envoy, within_s=30, what="Envoy holding it UNHEALTHY")
+    out_at = loop.time()
+    await eventually(
+        lambda: sum(1 for t, _, _ in load.sent if t > out_at) >= 200,
+        within_s=60,
+        what="200 requests after",
+    )
+    return judged_at, out_at
+
+
 @pytest.mark.slow
 async def test_a_wedged_pod_is_taken_out_and_back_once_it_serves(tmp_path: Path) -> None:
     async with four_pods(tmp_path) as (fleet, gateway), loaded(gateway) as load:
@@ -101,24 +127,9 @@ async def test_a_wedged_pod_is_taken_out_and_back_once_it_serves(tmp_path: Path)
         await eventually(lambda: len(load.sent) >= 200, within_s=60, what="200 requests")
         wedged.wedge(after_chunks=1)
         wedged_at = loop.time()
-        await eventually(
-            lambda: verdict_of(gateway, wedged.port) == "stalled",
-            within_s=30,
-            what="the wedged pod judged stalled",
-        )
-        judged_s = loop.time() - wedged_at
-
-        async def out_at_envoy() -> bool:
-            return (await hosts(gateway))[wedged.port][1] == "UNHEALTHY"
-
-        await eventually(out_at_envoy, within_s=30, what="Envoy holding it UNHEALTHY")
-        out_at = loop.time()
-        # Requests sent from now on never reach it, and all finish.
-        await eventually(
-            lambda: sum(1 for t, _, _ in load.sent if t > out_at) >= 200,
-            within_s=60,
-            what="200 requests after",
-        )
+        judged_at, out_at = await judged_out(gateway, load, wedged.port, "stalled")
+        judged_s = judged_at - wedged_at
+        # Requests sent once Envoy holds it out never reach it, and all finish.
         after = [(pod, outcome) for t, pod, outcome in load.sent if t > out_at]
         assert all(pod != "pod-0" for pod, _ in after)
         assert {outcome for _, outcome in after} == {"ok"}

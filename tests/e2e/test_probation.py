@@ -17,7 +17,7 @@ from llm_sim.fleet import Fleet, PodSpec
 from llm_sim.profiles import H100
 from tests.e2e.conftest import eventually
 from tests.e2e.gpu_pool import fleet_config, hosts
-from tests.e2e.test_gray_failures import Load, loaded, verdict_of
+from tests.e2e.test_gray_failures import Load, judged_out, loaded
 from xds_server.policy.state import EndpointState, Health
 from xds_server.tuning import MAX_WEIGHT, Tuning
 from xds_testbed.gateway import LocalGateway, run_local_gateway
@@ -114,23 +114,8 @@ async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(
             # Wedged on probation: judged stalled, out, and sent nothing more.
             pod.wedge(after_chunks=after_chunks)
             wedged_at = loop.time()
-            await eventually(
-                lambda: verdict_of(gateway, pod.port) == "stalled",
-                within_s=60,
-                what="the wedged pod on probation judged stalled",
-            )
-            judged_s = loop.time() - wedged_at
-
-            async def out_at_envoy() -> bool:
-                return (await hosts(gateway))[pod.port][1] == "UNHEALTHY"
-
-            await eventually(out_at_envoy, within_s=30, what="Envoy holding it UNHEALTHY")
-            out_at = loop.time()
-            await eventually(
-                lambda: sum(1 for t, _, _ in load.sent if t > out_at) >= 200,
-                within_s=60,
-                what="200 requests after",
-            )
+            judged_at, out_at = await judged_out(gateway, load, pod.port, "stalled")
+            judged_s = judged_at - wedged_at
             assert served_by(load, "pod-0", after=out_at) == 0
 
             # Served again (a probe lifts the verdict): on probation again, its page still

@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from tests.policy.test_scoring import signals as paged
 from xds_server.config import BalancingConfig, PoolConfig
 from xds_server.policy.scoring import ScoredPool, score_pool
 from xds_server.policy.signals import PodSignals
@@ -29,18 +30,6 @@ def pool(*, session_affinity: bool = False) -> PoolConfig:
             "endpoints": [{"address": key.split(":")[0], "port": 8000} for key in KEYS],
         }
     )
-
-
-def paged(**overrides: object) -> PodSignals:
-    fields: dict[str, object] = {
-        "silent_s": 0.0,
-        "waiting": 0,
-        "running": 4,
-        "kv_usage": 0.3,
-        "kv_capacity_tokens": 80_000,
-    }
-    fields.update(overrides)
-    return PodSignals(**fields)  # type: ignore[arg-type]
 
 
 def restarted(probation_s: float | None, **overrides: object) -> PodSignals:
