@@ -55,6 +55,8 @@ __all__ = [
     "RewriteTarget",
     "RoutingConfig",
     "ScorerWeights",
+    "TenantConfig",
+    "TenantsConfig",
     "UpdatesConfig",
     "UpstreamConfig",
     "VerdictsConfig",
@@ -608,6 +610,37 @@ class ModelBands(_Strict):
     max_band: Band = "critical"
 
 
+class TenantConfig(_Strict):
+    """One named tenant: its weight (for fair shares of a band, docs/flow-control.md) and
+    its request rate limit, enforced by each Envoy's local rate limit filter."""
+
+    weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    # Requests per second this tenant may send through one Envoy (none: no limit).
+    requests_per_s: Annotated[float, Field(gt=0, le=1_000_000)] | None = None
+
+
+class TenantsConfig(_Strict):
+    """Who sent a request (the `header`, set by the auth layer) and each named tenant's
+    limits. A request without the header, or naming a tenant not listed, is not limited."""
+
+    header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] | None = None
+    named: dict[Annotated[str, Field(min_length=1, max_length=256)], TenantConfig] = {}
+
+    @model_validator(mode="after")
+    def _header_when_named(self) -> TenantsConfig:
+        if self.named and self.header is None:
+            raise ValueError("flow_control.tenants.named needs flow_control.tenants.header")
+        return self
+
+    def rate_limited(self) -> dict[str, float]:
+        """The request rate of each tenant that has one, by name (sorted)."""
+        return {
+            name: tenant.requests_per_s
+            for name, tenant in sorted(self.named.items())
+            if tenant.requests_per_s is not None
+        }
+
+
 class FlowControlConfig(_Strict):
     """Admission per band (Critical, Standard, Sheddable) when demand exceeds the GPUs.
 
@@ -638,6 +671,8 @@ class FlowControlConfig(_Strict):
     # Bounds of the Retry-After a refused request gets (the value is the expected drain time).
     retry_after_min_s: Annotated[int, Field(ge=1, le=3600)] = 1
     retry_after_max_s: Annotated[int, Field(ge=1, le=3600)] = 60
+    # Tenants and their request rate limits (TenantsConfig).
+    tenants: TenantsConfig = TenantsConfig()
 
     def band_of_priority(self, priority: int) -> Band:
         return "sheddable" if priority < 0 else "critical" if priority > 0 else "standard"

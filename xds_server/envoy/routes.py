@@ -154,7 +154,7 @@ from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-
 from xds_server.apis import paths_of
 from xds_server.config import Band, PoolConfig, RoutingConfig
 from xds_server.envoy import _route_answers as answers
-from xds_server.envoy import names
+from xds_server.envoy import _tenant_limits, names
 from xds_server.envoy._route_answers import (
     MAX_ECHOED_MODEL_CHARS,
     MAX_ECHOED_PATH_CHARS,
@@ -389,6 +389,11 @@ def _listener_routes(config: RoutingConfig, routes: list[_Any]) -> _Any:
         # Replaces the deprecated per_request_buffer_limit_bytes (both work on 1.40).
         request_body_buffer_limit=wrappers_pb2.UInt64Value(value=config.listener.max_request_bytes),
     )
+    # Every route inherits the tenants' rate limits (_tenant_limits.py).
+    limits = _tenant_limits.virtual_host_config(config.flow_control.tenants)
+    if limits is not None:
+        own = virtual_host.typed_per_filter_config[_tenant_limits.LOCAL_RATE_LIMIT_FILTER]
+        own.CopyFrom(limits)
     return route_pb2.RouteConfiguration(
         name=names.ROUTE_CONFIG_NAME,
         virtual_hosts=[virtual_host],

@@ -1,0 +1,148 @@
+"""The tenants' rate limits as the builders describe them (_tenant_limits.py): the filter
+in the listener, its configuration on the virtual host, the buckets and the 429 mappers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb2
+from pydantic import ValidationError
+
+from tests.envoy.static_bootstrap import hcm_of
+from xds_server.config import RoutingConfig, TenantsConfig, parse_config
+from xds_server.envoy import _tenant_limits, build_listeners, build_routes
+from xds_server.envoy.listeners import JSON_TO_METADATA_FILTER, ROUTER_FILTER
+
+TENANTS_YAML = """
+listener: {address: 127.0.0.1, port: 8080}
+flow_control:
+  tenants:
+    header: x-tenant-id
+    named:
+      acme: {weight: 2, requests_per_s: 2.5}
+      slow: {requests_per_s: 0.2}
+      free: {weight: 3}
+pools:
+  - name: llm
+    models: [base]
+"""
+
+
+def _config(yaml: str = TENANTS_YAML) -> RoutingConfig:
+    return parse_config(yaml)
+
+
+def _vhost_limit(config: RoutingConfig) -> local_rate_limit_pb2.LocalRateLimit:
+    (virtual_host,) = build_routes(config)[0].virtual_hosts
+    packed = virtual_host.typed_per_filter_config[_tenant_limits.LOCAL_RATE_LIMIT_FILTER]
+    limit = local_rate_limit_pb2.LocalRateLimit()
+    assert packed.Unpack(limit)
+    return limit
+
+
+def _seconds(duration: Any) -> float:
+    return float(duration.seconds + duration.nanos / 1e9)
+
+
+def test_the_filter_comes_first_and_is_configured_by_the_virtual_host() -> None:
+    hcm = hcm_of(build_listeners(_config())[0])
+    names = [f.name for f in hcm.http_filters]
+    assert names == [_tenant_limits.LOCAL_RATE_LIMIT_FILTER, JSON_TO_METADATA_FILTER, ROUTER_FILTER]
+    own = local_rate_limit_pb2.LocalRateLimit()
+    assert hcm.http_filters[0].typed_config.Unpack(own)
+    # No bucket of its own: disabled where the routes do not configure it.
+    assert not own.HasField("token_bucket")
+    assert own.stat_prefix == _tenant_limits.STAT_PREFIX
+
+
+def test_one_descriptor_per_limited_tenant_and_an_unlimited_default() -> None:
+    limit = _vhost_limit(_config())
+    entries = [[(e.key, e.value) for e in d.entries] for d in limit.descriptors]
+    assert entries == [[("tenant", "acme")], [("tenant", "slow")]]  # `free` has no limit
+    (rate_limit,) = limit.rate_limits
+    (action,) = rate_limit.actions
+    assert action.request_headers.header_name == "x-tenant-id"
+    assert action.request_headers.descriptor_key == _tenant_limits.DESCRIPTOR_KEY
+    assert action.request_headers.skip_if_absent
+    assert limit.token_bucket.max_tokens == _tenant_limits.UNLIMITED
+    assert not limit.always_consume_default_token_bucket.value
+    assert limit.HasField("always_consume_default_token_bucket")
+    assert not limit.local_rate_limit_per_downstream_connection
+    assert not limit.rate_limited_as_resource_exhausted
+    assert limit.enable_x_ratelimit_headers == ratelimit_pb2.DRAFT_VERSION_03
+    assert limit.filter_enabled.default_value.numerator == 100
+    assert limit.filter_enforced.default_value.numerator == 100
+
+
+@pytest.mark.parametrize(
+    ("rate", "tokens", "burst", "fill_s", "retry_after_s"),
+    [
+        (0.2, 1, 1, 5.0, 5),
+        (1, 1, 1, 1.0, 1),
+        (2.5, 2, 3, 0.8, 1),  # 2 tokens every 0.8 s: 2.5 per second
+        (100, 100, 100, 1.0, 1),
+        (1000, 1000, 1000, 1.0, 1),
+    ],
+)
+def test_a_bucket_admits_the_rate_in_whole_tokens(
+    rate: float, tokens: int, burst: int, fill_s: float, retry_after_s: int
+) -> None:
+    bucket = _tenant_limits.tenant_bucket(rate)
+    assert bucket.tokens_per_fill.value == tokens
+    assert bucket.max_tokens == burst
+    assert _seconds(bucket.fill_interval) == pytest.approx(fill_s)
+    assert _seconds(bucket.fill_interval) >= 0.05
+    assert tokens / _seconds(bucket.fill_interval) == pytest.approx(rate, rel=1e-6)
+    assert _tenant_limits.retry_after_s(rate) == retry_after_s
+
+
+def test_the_429_of_each_limited_tenant_names_it_and_its_limit() -> None:
+    hcm = hcm_of(build_listeners(_config())[0])
+    mine = [
+        m
+        for m in hcm.local_reply_config.mappers
+        if m.body_format_override.json_format.fields["error"]
+        .struct_value.fields["code"]
+        .string_value
+        == "tenant_rate_limit_exceeded"
+    ]
+    assert len(mine) == 2
+    acme, slow = mine
+    for mapper, tenant, message, wait in (
+        (acme, "acme", "2.5 requests per second; retry after 1 s.", "1"),
+        (slow, "slow", "0.2 requests per second; retry after 5 s.", "5"),
+    ):
+        status, header = mapper.filter.and_filter.filters
+        assert status.status_code_filter.comparison.value.default_value == 429
+        assert header.header_filter.header.name == "x-tenant-id"
+        assert header.header_filter.header.string_match.exact == tenant
+        error = mapper.body_format_override.json_format.fields["error"].struct_value.fields
+        assert error["message"].string_value.startswith(f"Tenant {tenant} is over")
+        assert error["message"].string_value.endswith(message)
+        assert [(h.header.key, h.header.value) for h in mapper.headers_to_add] == [
+            ("retry-after", wait)
+        ]
+
+
+def test_without_limited_tenants_nothing_is_added() -> None:
+    config = _config(
+        TENANTS_YAML.replace("requests_per_s: 2.5", "weight: 1").replace(
+            "{requests_per_s: 0.2}", "{weight: 1}"
+        )
+    )
+    (virtual_host,) = build_routes(config)[0].virtual_hosts
+    assert _tenant_limits.LOCAL_RATE_LIMIT_FILTER not in virtual_host.typed_per_filter_config
+    plain = parse_config(
+        "listener: {address: 127.0.0.1, port: 8080}\npools: [{name: llm, models: [base]}]"
+    )
+    hcm = hcm_of(build_listeners(plain)[0])
+    assert _tenant_limits.LOCAL_RATE_LIMIT_FILTER not in [f.name for f in hcm.http_filters]
+
+
+def test_named_tenants_need_the_header() -> None:
+    with pytest.raises(ValidationError, match=r"needs flow_control\.tenants\.header"):
+        TenantsConfig.model_validate({"named": {"acme": {"requests_per_s": 1}}})
+    with pytest.raises(ValidationError):
+        TenantsConfig.model_validate({"header": "x-t", "named": {"acme": {"requests_per_s": 0}}})

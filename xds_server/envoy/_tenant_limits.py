@@ -1,0 +1,126 @@
+"""Each tenant's request rate limit, enforced by Envoy's local rate limit filter (no callout).
+
+The listener runs `envoy.filters.http.local_ratelimit` first, with no token bucket of its
+own (disabled). Its real configuration comes with the routes (RDS), on the virtual host
+(`typed_per_filter_config`), so a changed limit reaches Envoy without a listener update
+(which would drain connections); every route inherits it. That configuration:
+
+- makes one descriptor of each request, `tenant=<the tenant header>` (none without the
+  header: such a request is not limited);
+- gives each named tenant with a `requests_per_s` a token bucket (`tenant_bucket`); a
+  tenant not listed matches no descriptor and falls to the default bucket, which never
+  runs dry (`UNLIMITED`) and is not consumed by a request a descriptor took
+  (`always_consume_default_token_bucket` false);
+- counts per Envoy, not per connection (`local_rate_limit_per_downstream_connection`
+  false); answers 429 (not gRPC's RESOURCE_EXHAUSTED: `rate_limited_as_resource_exhausted`
+  false), with the draft RFC's `x-ratelimit-limit` / `-remaining` / `-reset` headers; a
+  mapper per tenant (listeners.py) gives it a JSON body naming the tenant and its limit,
+  and Retry-After (`retry_after_s`).
+
+Verified on Envoy 1.40 (tests/e2e/test_tenant_limits.py). The limit is per Envoy: with N
+Envoys a tenant may get up to N times its `requests_per_s` in total (docs/flow-control.md,
+"Tenants").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any as _Any
+
+from envoy.config.core.v3 import base_pb2
+from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb2
+from envoy.type.v3 import percent_pb2, token_bucket_pb2
+from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
+
+from xds_server.config import TenantsConfig
+from xds_server.envoy import _protos
+
+__all__ = [
+    "DESCRIPTOR_KEY",
+    "LOCAL_RATE_LIMIT_FILTER",
+    "STAT_PREFIX",
+    "UNLIMITED",
+    "listener_filter",
+    "retry_after_s",
+    "tenant_bucket",
+    "virtual_host_config",
+]
+
+LOCAL_RATE_LIMIT_FILTER = "envoy.filters.http.local_ratelimit"
+# Envoy's counters: http_local_rate_limit.<STAT_PREFIX>.{enabled,enforced,rate_limited,ok}.
+STAT_PREFIX = "tenant_rate_limit"
+DESCRIPTOR_KEY = "tenant"
+# The default bucket's size and refill per second: more than one Envoy can take.
+UNLIMITED = 1_000_000_000
+# Envoy's smallest fill interval for a local rate limit's token bucket.
+_MIN_FILL_S = 0.05
+
+
+def tenant_bucket(requests_per_s: float) -> _Any:
+    """A token bucket that admits `requests_per_s` on average, and a burst of one second's
+    requests (at least one). Tokens come in whole numbers: `tokens_per_fill` whole tokens
+    every `tokens_per_fill / requests_per_s` seconds (at least 50 ms, Envoy's floor)."""
+    tokens, fill_s = _refill(requests_per_s)
+    return token_bucket_pb2.TokenBucket(
+        max_tokens=max(tokens, math.ceil(requests_per_s)),
+        tokens_per_fill=_protos.uint32(tokens),
+        fill_interval=_protos.duration(fill_s),
+    )
+
+
+def retry_after_s(requests_per_s: float) -> int:
+    """The whole seconds a refused request of a tenant waits: one refill of its bucket."""
+    return max(1, math.ceil(round(_refill(requests_per_s)[1], 6)))
+
+
+def _refill(requests_per_s: float) -> tuple[int, float]:
+    """The tokens of one refill, and the seconds between refills."""
+    tokens = max(1, round(requests_per_s), math.ceil(requests_per_s * _MIN_FILL_S))
+    return tokens, tokens / requests_per_s
+
+
+def listener_filter() -> _Any:
+    """The filter in the listener's chain: disabled until a route (the virtual host)
+    configures it."""
+    return local_rate_limit_pb2.LocalRateLimit(stat_prefix=STAT_PREFIX)
+
+
+def virtual_host_config(tenants: TenantsConfig) -> _Any | None:
+    """The filter's configuration for the listener's virtual host, or None when no tenant
+    has a rate limit."""
+    limits = tenants.rate_limited()
+    if not limits or tenants.header is None:
+        return None
+    always = percent_pb2.FractionalPercent(
+        numerator=100, denominator=percent_pb2.FractionalPercent.HUNDRED
+    )
+    by_tenant = rc_pb2.RateLimit.Action(
+        request_headers=rc_pb2.RateLimit.Action.RequestHeaders(
+            header_name=tenants.header, descriptor_key=DESCRIPTOR_KEY, skip_if_absent=True
+        )
+    )
+    config = local_rate_limit_pb2.LocalRateLimit(
+        stat_prefix=STAT_PREFIX,
+        token_bucket=token_bucket_pb2.TokenBucket(
+            max_tokens=UNLIMITED,
+            tokens_per_fill=_protos.uint32(UNLIMITED),
+            fill_interval=_protos.duration(1),
+        ),
+        filter_enabled=base_pb2.RuntimeFractionalPercent(default_value=always),
+        filter_enforced=base_pb2.RuntimeFractionalPercent(default_value=always),
+        descriptors=[
+            ratelimit_pb2.LocalRateLimitDescriptor(
+                entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=DESCRIPTOR_KEY, value=tenant)],
+                token_bucket=tenant_bucket(rate),
+            )
+            for tenant, rate in limits.items()
+        ],
+        rate_limits=[rc_pb2.RateLimit(actions=[by_tenant])],
+        local_rate_limit_per_downstream_connection=False,
+        always_consume_default_token_bucket=wrappers_pb2.BoolValue(value=False),
+        rate_limited_as_resource_exhausted=False,
+        enable_x_ratelimit_headers=ratelimit_pb2.DRAFT_VERSION_03,
+    )
+    return _protos.pack(config)
