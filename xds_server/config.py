@@ -611,11 +611,13 @@ class ModelBands(_Strict):
 
 
 class TenantConfig(_Strict):
-    """One named tenant: its weight (for fair shares of a band, docs/flow-control.md) and
-    its request rate limit, enforced by each Envoy's local rate limit filter."""
+    """One named tenant: its weight (for fair shares of a band, not yet enforced:
+    docs/flow-control.md) and its request rate limit, enforced by Envoy's local rate
+    limit filter."""
 
     weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
-    # Requests per second this tenant may send through one Envoy (none: no limit).
+    # Requests per second this tenant may send over the fleet's Envoys, each holding an even
+    # part (with flow control; without, through each Envoy). None: no limit.
     requests_per_s: Annotated[float, Field(gt=0, le=1_000_000)] | None = None
 
 
@@ -624,7 +626,8 @@ class TenantsConfig(_Strict):
     limits. A request without the header, or naming a tenant not listed, is not limited."""
 
     header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] | None = None
-    named: dict[Annotated[str, Field(min_length=1, max_length=256)], TenantConfig] = {}
+    # Names are printed into Envoy's command operators: no `:` nor `%`.
+    named: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9._@+/=-]{1,256}$")], TenantConfig] = {}
 
     @model_validator(mode="after")
     def _header_when_named(self) -> TenantsConfig:

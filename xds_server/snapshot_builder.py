@@ -36,7 +36,7 @@ from xds_server.steps import Steps, complete
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Resource, Snapshot, serialize_resources
 
-__all__ = ["SnapshotBuilder"]
+__all__ = ["SnapshotBuilder", "tenant_envoys"]
 
 # Envoys' own snapshots made between two steps (for_envoys_steps): about a millisecond.
 _ENVOYS_PER_STEP = 64
@@ -54,6 +54,7 @@ class _Built:
     routing: RoutingConfig
     runtime: Mapping[str, int]
     retry_after: Mapping[tuple[str, Band], int]
+    tenant_envoys: int
     snapshot: Snapshot
 
 
@@ -102,6 +103,7 @@ class SnapshotBuilder:
         routing = _routing_part(config)
         runtime = admission_layer(config, decision.admissions)
         retry_after = retry_after_of(decision.admissions)
+        envoys = tenant_envoys(config, decision)
         endpoints, endpoints_changed, assignments = yield from self._endpoints(config, decision)
         last = self._last
         if last is not None and last.routing == routing:
@@ -110,9 +112,9 @@ class SnapshotBuilder:
                 snapshot = snapshot.with_resources(ResourceType.ENDPOINT, endpoints)
             if last.runtime != runtime:
                 snapshot = snapshot.replace(ResourceType.RUNTIME, envoy.build_runtime(runtime))
-            if last.retry_after != retry_after:
+            if last.retry_after != retry_after or last.tenant_envoys != envoys:
                 snapshot = snapshot.replace(
-                    ResourceType.ROUTE, envoy.build_routes(config, retry_after)
+                    ResourceType.ROUTE, envoy.build_routes(config, retry_after, envoys=envoys)
                 )
         else:
             self._envoy_keys, self._layers, self._envoys = {}, {}, {}
@@ -124,7 +126,7 @@ class SnapshotBuilder:
             listeners = serialize_resources(ResourceType.LISTENER, envoy.build_listeners(config))
             yield
             routes = serialize_resources(
-                ResourceType.ROUTE, envoy.build_routes(config, retry_after)
+                ResourceType.ROUTE, envoy.build_routes(config, retry_after, envoys=envoys)
             )
             yield
             snapshot = Snapshot.from_resources(
@@ -139,7 +141,11 @@ class SnapshotBuilder:
         # Only now: a build that fails part way leaves the caches as the last snapshot is.
         self._assignments = assignments
         self._last = _Built(
-            routing=routing, runtime=runtime, retry_after=retry_after, snapshot=snapshot
+            routing=routing,
+            runtime=runtime,
+            retry_after=retry_after,
+            tenant_envoys=envoys,
+            snapshot=snapshot,
         )
         return snapshot
 
@@ -241,6 +247,17 @@ class SnapshotBuilder:
                 envoys[node_id] = (base, resource, snapshot)
         self._layers, self._envoys = layers, envoys
         return {node_id: snapshot for node_id, (_, _, snapshot) in envoys.items()}
+
+
+def tenant_envoys(config: RoutingConfig, decision: Decision) -> int:
+    """The number of Envoys each tenant's request rate is split over: every Envoy of the
+    fleet the admissions know (flow control's load, over every replica: the same number
+    on each), at least 1; 1 when no tenant has a rate limit, so that Envoys coming and
+    going push no routes."""
+    if not config.flow_control.tenants.rate_limited():
+        return 1
+    fleet = {node for admission in decision.admissions.values() for node in admission.by_envoy}
+    return max(1, len(fleet))
 
 
 def _envoy_keys(config: RoutingConfig, pool: PoolConfig, admission: PoolAdmission) -> _EnvoyKeys:

@@ -12,9 +12,13 @@ import aiohttp
 import pytest
 import yaml
 
+from xds_server.envoy import names
 from xds_testbed.backends import BACKEND_ID_HEADER, ExampleBackend
+from xds_testbed.bootstraps import failover_bootstrap
+from xds_testbed.envoy_process import EnvoyProcess
 from xds_testbed.faults import FaultyServer
 from xds_testbed.gateway import LocalGateway, run_local_gateway
+from xds_testbed.server_process import ServerProcess, free_port
 
 Endpoint = ExampleBackend | FaultyServer
 
@@ -162,3 +166,30 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {within_s} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def peered_replicas(
+    stack: contextlib.AsyncExitStack, config: Path, envoys: Iterable[tuple[str, int]]
+) -> tuple[tuple[ServerProcess, ServerProcess], list[EnvoyProcess], list[str]]:
+    """Two server replicas of `config`, "a" and "b", peered with each other, and an Envoy
+    per (node id, index of its replica) that fails over to the other replica: the
+    replicas, the Envoys (live) and each Envoy's listener URL, all closed with `stack`."""
+    port_a, port_b = free_port(), free_port()
+    a = ServerProcess(config, replica="a", xds_port=port_a, peers=[f"127.0.0.1:{port_b}"])
+    b = ServerProcess(config, replica="b", xds_port=port_b, peers=[f"127.0.0.1:{port_a}"])
+    await asyncio.gather(stack.enter_async_context(a), stack.enter_async_context(b))
+    replicas = (a, b)
+    started = [
+        await stack.enter_async_context(
+            EnvoyProcess(
+                failover_bootstrap(node_id, replicas[index], replicas[1 - index]),
+                log_level="warn",
+            )
+        )
+        for node_id, index in envoys
+    ]
+    urls = []
+    for envoy in started:
+        await envoy.wait_live(timeout=30)
+        urls.append(f"http://127.0.0.1:{await envoy.listener_port(names.LISTENER_NAME)}")
+    return replicas, started, urls

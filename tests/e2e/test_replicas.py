@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import ConfigFile, eventually
+from tests.e2e.conftest import ConfigFile, eventually, peered_replicas
 from xds_server.envoy import names
 from xds_testbed.backends import ExampleBackend
 from xds_testbed.bootstraps import failover_bootstrap
 from xds_testbed.envoy_process import EnvoyProcess
-from xds_testbed.server_process import ServerProcess, free_port
+from xds_testbed.server_process import ServerProcess
 
 POOL_LIMIT = 6
 ENVOYS = ("envoy-1", "envoy-2", "envoy-3")
@@ -120,28 +120,9 @@ async def test_two_replicas_three_envoys_admit_within_the_pool_limit_and_survive
             ExampleBackend(backend_id="pod", models=("m",), hold=hold, tokens=3)
         )
         config_file.write({"pool": (["m"], [(backend, 1)])}, flow_control=FLOW_CONTROL)
-        port_a, port_b = free_port(), free_port()
-        a = ServerProcess(
-            config_file.path, replica="a", xds_port=port_a, peers=[f"127.0.0.1:{port_b}"]
+        (a, b), _, urls = await peered_replicas(
+            stack, config_file.path, (("envoy-1", 0), ("envoy-2", 1), ("envoy-3", 1))
         )
-        b = ServerProcess(
-            config_file.path, replica="b", xds_port=port_b, peers=[f"127.0.0.1:{port_a}"]
-        )
-        await asyncio.gather(stack.enter_async_context(a), stack.enter_async_context(b))
-        envoys = [
-            await stack.enter_async_context(
-                EnvoyProcess(failover_bootstrap(node_id, primary, backup), log_level="warn")
-            )
-            for node_id, primary, backup in (
-                ("envoy-1", a, b),
-                ("envoy-2", b, a),
-                ("envoy-3", b, a),
-            )
-        ]
-        urls = []
-        for envoy in envoys:
-            await envoy.wait_live(timeout=30)
-            urls.append(f"http://127.0.0.1:{await envoy.listener_port(names.LISTENER_NAME)}")
         # Each replica hears of the other's Envoys, and splits the budget over all three.
         await eventually(lambda: _agreed(a), within_s=30, what="replica A to count 3 Envoys")
         await eventually(lambda: _agreed(b), within_s=30, what="replica B to count 3 Envoys")

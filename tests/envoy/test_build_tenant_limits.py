@@ -11,9 +11,12 @@ from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb
 from pydantic import ValidationError
 
 from tests.envoy.static_bootstrap import hcm_of
-from xds_server.config import RoutingConfig, TenantsConfig, parse_config
+from xds_server.config import Band, RoutingConfig, TenantsConfig, parse_config
 from xds_server.envoy import _tenant_limits, build_listeners, build_routes
 from xds_server.envoy.listeners import JSON_TO_METADATA_FILTER, ROUTER_FILTER
+from xds_server.policy.admission import PoolAdmission
+from xds_server.policy.decision import Decision
+from xds_server.snapshot_builder import tenant_envoys
 
 TENANTS_YAML = """
 listener: {address: 127.0.0.1, port: 8080}
@@ -34,8 +37,8 @@ def _config(yaml: str = TENANTS_YAML) -> RoutingConfig:
     return parse_config(yaml)
 
 
-def _vhost_limit(config: RoutingConfig) -> local_rate_limit_pb2.LocalRateLimit:
-    (virtual_host,) = build_routes(config)[0].virtual_hosts
+def _vhost_limit(config: RoutingConfig, envoys: int = 1) -> local_rate_limit_pb2.LocalRateLimit:
+    (virtual_host,) = build_routes(config, envoys=envoys)[0].virtual_hosts
     packed = virtual_host.typed_per_filter_config[_tenant_limits.LOCAL_RATE_LIMIT_FILTER]
     limit = local_rate_limit_pb2.LocalRateLimit()
     assert packed.Unpack(limit)
@@ -76,6 +79,45 @@ def test_one_descriptor_per_limited_tenant_and_an_unlimited_default() -> None:
     assert limit.filter_enforced.default_value.numerator == 100
 
 
+def test_each_envoy_gets_an_even_part_and_its_retry_after_rides_on_the_virtual_host() -> None:
+    for envoys, acme_tokens, acme_fill_s, slow_wait in ((1, 2, 0.8, 5), (2, 1, 0.8, 10)):
+        limit = _vhost_limit(_config(), envoys)
+        acme, slow = (d.token_bucket for d in limit.descriptors)
+        assert acme.tokens_per_fill.value == acme_tokens
+        assert _seconds(acme.fill_interval) == pytest.approx(acme_fill_s)
+        # Over the Envoys, the configured rate exactly.
+        assert envoys * acme_tokens / _seconds(acme.fill_interval) == pytest.approx(2.5)
+        assert envoys * slow.tokens_per_fill.value / _seconds(slow.fill_interval) == (
+            pytest.approx(0.2)
+        )
+        (virtual_host,) = build_routes(_config(), envoys=envoys)[0].virtual_hosts
+        waits = virtual_host.metadata.filter_metadata[_tenant_limits.METADATA_NAMESPACE]
+        assert dict(waits) == {"acme": 1, "slow": slow_wait}
+
+
+def test_the_fleet_is_every_envoy_the_admissions_know_when_a_tenant_is_limited() -> None:
+    def admission(*envoys: str) -> PoolAdmission:
+        bands: dict[Band, int] = {"critical": 1, "standard": 1, "sheddable": 1}
+        return PoolAdmission(
+            capacity=1,
+            in_flight=bands,
+            budget=bands,
+            max_requests=bands,
+            by_envoy=dict.fromkeys(envoys, bands),
+            retry_after_s=bands,
+        )
+
+    decision = Decision(admissions={"llm": admission("e1", "e2"), "other": admission("e2", "e3")})
+    assert tenant_envoys(_config(), decision) == 3
+    assert tenant_envoys(_config(), Decision()) == 1
+    unlimited = _config(
+        TENANTS_YAML.replace("requests_per_s: 2.5", "weight: 1").replace(
+            "{requests_per_s: 0.2}", "{weight: 1}"
+        )
+    )
+    assert tenant_envoys(unlimited, decision) == 1
+
+
 @pytest.mark.parametrize(
     ("rate", "tokens", "burst", "fill_s", "retry_after_s"),
     [
@@ -110,10 +152,11 @@ def test_the_429_of_each_limited_tenant_names_it_and_its_limit() -> None:
     ]
     assert len(mine) == 2
     acme, slow = mine
-    for mapper, tenant, message, wait in (
-        (acme, "acme", "2.5 requests per second; retry after 1 s.", "1"),
-        (slow, "slow", "0.2 requests per second; retry after 5 s.", "5"),
-    ):
+    for mapper, tenant, rate in ((acme, "acme", "2.5"), (slow, "slow", "0.2")):
+        message = (
+            f"{rate} requests per second; retry after"
+            f" %METADATA(VIRTUAL_HOST:llm.tenant_retry_after:{tenant})% s."
+        )
         status, header = mapper.filter.and_filter.filters
         assert status.status_code_filter.comparison.value.default_value == 429
         assert header.header_filter.header.name == "x-tenant-id"
@@ -122,7 +165,7 @@ def test_the_429_of_each_limited_tenant_names_it_and_its_limit() -> None:
         assert error["message"].string_value.startswith(f"Tenant {tenant} is over")
         assert error["message"].string_value.endswith(message)
         assert [(h.header.key, h.header.value) for h in mapper.headers_to_add] == [
-            ("retry-after", wait)
+            ("retry-after", f"%METADATA(VIRTUAL_HOST:llm.tenant_retry_after:{tenant})%")
         ]
 
 

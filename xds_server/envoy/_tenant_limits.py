@@ -17,9 +17,13 @@ own (disabled). Its real configuration comes with the routes (RDS), on the virtu
   mapper per tenant (listeners.py) gives it a JSON body naming the tenant and its limit,
   and Retry-After (`retry_after_s`).
 
-Verified on Envoy 1.40 (tests/e2e/test_tenant_limits.py). The limit is per Envoy: with N
-Envoys a tenant may get up to N times its `requests_per_s` in total (docs/flow-control.md,
-"Tenants").
+A tenant's `requests_per_s` is the fleet's: each Envoy's bucket holds an even part of it,
+rate / N over the N Envoys flow control's load knows (snapshot_builder.tenant_envoys; 1
+without flow control). A token bucket's fields are not runtime keys, so the parts ride on
+the routes (an RDS push when N changes, which drains nothing), and with them each tenant's
+Retry-After, in the virtual host's metadata (METADATA_NAMESPACE).
+
+Verified on Envoy 1.40 (tests/e2e/test_tenant_limits.py; docs/flow-control.md, "Tenants").
 """
 
 from __future__ import annotations
@@ -40,18 +44,22 @@ from xds_server.envoy import _protos
 __all__ = [
     "DESCRIPTOR_KEY",
     "LOCAL_RATE_LIMIT_FILTER",
+    "METADATA_NAMESPACE",
     "STAT_PREFIX",
     "UNLIMITED",
+    "configure_virtual_host",
     "listener_filter",
+    "retry_after_format",
     "retry_after_s",
     "tenant_bucket",
-    "virtual_host_config",
 ]
 
 LOCAL_RATE_LIMIT_FILTER = "envoy.filters.http.local_ratelimit"
 # Envoy's counters: http_local_rate_limit.<STAT_PREFIX>.{enabled,enforced,rate_limited,ok}.
 STAT_PREFIX = "tenant_rate_limit"
 DESCRIPTOR_KEY = "tenant"
+# The virtual host's metadata: each limited tenant's Retry-After, by tenant name.
+METADATA_NAMESPACE = "llm.tenant_retry_after"
 # The default bucket's size and refill per second: more than one Envoy can take.
 UNLIMITED = 1_000_000_000
 # Envoy's smallest fill interval for a local rate limit's token bucket.
@@ -87,12 +95,15 @@ def listener_filter() -> _Any:
     return local_rate_limit_pb2.LocalRateLimit(stat_prefix=STAT_PREFIX)
 
 
-def virtual_host_config(tenants: TenantsConfig) -> _Any | None:
-    """The filter's configuration for the listener's virtual host, or None when no tenant
-    has a rate limit."""
+def configure_virtual_host(virtual_host: _Any, tenants: TenantsConfig, envoys: int = 1) -> None:
+    """Give `virtual_host` the filter's configuration, each limited tenant's `requests_per_s`
+    split evenly over `envoys` Envoys, and in its metadata (METADATA_NAMESPACE) each
+    tenant's Retry-After, the seconds of one refill of its bucket, which the tenant's 429
+    reads (listeners.py). Nothing when no tenant has a rate limit."""
     limits = tenants.rate_limited()
     if not limits or tenants.header is None:
-        return None
+        return
+    shares = {tenant: rate / max(1, envoys) for tenant, rate in limits.items()}
     always = percent_pb2.FractionalPercent(
         numerator=100, denominator=percent_pb2.FractionalPercent.HUNDRED
     )
@@ -115,7 +126,7 @@ def virtual_host_config(tenants: TenantsConfig) -> _Any | None:
                 entries=[ratelimit_pb2.RateLimitDescriptor.Entry(key=DESCRIPTOR_KEY, value=tenant)],
                 token_bucket=tenant_bucket(rate),
             )
-            for tenant, rate in limits.items()
+            for tenant, rate in shares.items()
         ],
         rate_limits=[rc_pb2.RateLimit(actions=[by_tenant])],
         local_rate_limit_per_downstream_connection=False,
@@ -123,4 +134,12 @@ def virtual_host_config(tenants: TenantsConfig) -> _Any | None:
         rate_limited_as_resource_exhausted=False,
         enable_x_ratelimit_headers=ratelimit_pb2.DRAFT_VERSION_03,
     )
-    return _protos.pack(config)
+    virtual_host.typed_per_filter_config[LOCAL_RATE_LIMIT_FILTER].CopyFrom(_protos.pack(config))
+    waits = virtual_host.metadata.filter_metadata[METADATA_NAMESPACE]
+    for tenant, rate in shares.items():
+        waits[tenant] = retry_after_s(rate)
+
+
+def retry_after_format(tenant: str) -> str:
+    """The command operator printing `tenant`'s Retry-After from the virtual host."""
+    return f"%METADATA(VIRTUAL_HOST:{METADATA_NAMESPACE}:{tenant})%"

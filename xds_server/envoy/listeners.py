@@ -46,7 +46,8 @@ spent (Envoy flags that UO beside the failure: without its own mapper it would r
 full circuit breaker); 504
 `upstream_timeout` (UT); 404 `no_route` (NR); and `gateway_error`, with Envoy's own words
 and status, for any other flagged reply. `upstream_unavailable`, `retry_budget_exhausted` and
-`overloaded` say `retry-after: 1`. The 429 carries
+`overloaded` say `retry-after: 1`. A tenant over its request rate (_tenant_limits.py) gets
+429 `tenant_rate_limit_exceeded` naming it and its limit (`_tenant_limited`). The band's 429 carries
 `retry-after` and a message naming the band and the pool, both read from the matched
 route's metadata (`%METADATA(ROUTE:llm:retry_after_s)%`, routes.py): verified on Envoy 1.40,
 so Retry-After follows the policy through RDS without a listener update (which would drain
@@ -602,15 +603,16 @@ def _band_full() -> _Any:
 def _tenant_limited(header: str, tenant: str, requests_per_s: float) -> _Any:
     """429 `tenant_rate_limit_exceeded` for a request of `tenant` the tenants' local rate
     limit refused (_tenant_limits.py), naming the tenant and its limit, with Retry-After
-    the seconds its bucket takes to refill. Told by its status and the tenant header: the
-    filter flags the reply RL only after the mappers ran (as the codec does DPE), and its
-    `x-ratelimit-*` headers are added after them too (both verified on Envoy 1.40), so one
-    mapper per tenant says its own limit. No other reply of Envoy's own is a 429 before
-    the mappers."""
-    wait = _tenant_limits.retry_after_s(requests_per_s)
+    the seconds its bucket takes to refill, read from the virtual host's metadata (RDS:
+    it follows the split of the limit over the Envoys without a listener update). Told by
+    its status and the tenant header: the filter flags the reply RL only after the mappers
+    ran (as the codec does DPE), and its `x-ratelimit-*` headers are added after them too
+    (both verified on Envoy 1.40), so one mapper per tenant says its own limit. No other
+    reply of Envoy's own is a 429 before the mappers."""
+    wait = _tenant_limits.retry_after_format(tenant)
     body = _error_bodies.error_format(
         message=(
-            f"Tenant {_escaped(tenant)} is over its request rate limit of"
+            f"Tenant {tenant} is over its request rate limit of"
             f" {requests_per_s:g} requests per second; retry after {wait} s."
         ),
         code="tenant_rate_limit_exceeded",
@@ -628,14 +630,9 @@ def _tenant_limited(header: str, tenant: str, requests_per_s: float) -> _Any:
         filter=accesslog_pb2.AccessLogFilter(
             and_filter=accesslog_pb2.AndFilter(filters=[_status_filter(429), named])
         ),
-        headers_to_add=[_retry_after(str(wait))],
+        headers_to_add=[_retry_after(wait)],
         body_format_override=body,
     )
-
-
-def _escaped(text: str) -> str:
-    """`text` with `%` doubled: a literal in a substitution format string."""
-    return text.replace("%", "%%")
 
 
 def _status_filter(status: int) -> _Any:

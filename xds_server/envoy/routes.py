@@ -204,7 +204,10 @@ _Served = tuple[PoolConfig, str, bool]
 
 
 def build_routes(
-    config: RoutingConfig, retry_after: Mapping[tuple[str, Band], int] | None = None
+    config: RoutingConfig,
+    retry_after: Mapping[tuple[str, Band], int] | None = None,
+    *,
+    envoys: int = 1,
 ) -> list[_Any]:
     """The route configurations for `config`: the listener's, named names.ROUTE_CONFIG_NAME,
     then one per spill listener (build_spill_routes), in config order.
@@ -212,7 +215,8 @@ def build_routes(
     `retry_after` gives, per (pool name, band), the seconds a refused request of that band
     is told to wait (the policy's expected drain time); a pair it lacks, or None, gets
     `flow_control.retry_after_min_s`. Values are kept within the config's bounds. Used only
-    when flow control is enabled.
+    when flow control is enabled. `envoys` is the number of Envoys each tenant's request
+    rate is split over (_tenant_limits.py).
 
     Raises ResourceBuildError when a pool serves a model named like a sentinel (names.SENTINELS),
     which the routes could not tell apart from a request without a model, or a model
@@ -233,7 +237,7 @@ def build_routes(
         _unrouted(),
     ]
     spills = [build_spill_routes(config, pool) for pool in config.pools if config.spills(pool)]
-    return [_listener_routes(config, routes), *spills]
+    return [_listener_routes(config, routes, envoys), *spills]
 
 
 def build_spill_routes(config: RoutingConfig, pool: PoolConfig) -> _Any:
@@ -380,7 +384,7 @@ def _unrouted() -> _Any:
     )
 
 
-def _listener_routes(config: RoutingConfig, routes: list[_Any]) -> _Any:
+def _listener_routes(config: RoutingConfig, routes: list[_Any], envoys: int) -> _Any:
     """The listener's route configuration: `routes` in one catch-all virtual host."""
     virtual_host = rc_pb2.VirtualHost(
         name=names.VIRTUAL_HOST_NAME,
@@ -390,10 +394,7 @@ def _listener_routes(config: RoutingConfig, routes: list[_Any]) -> _Any:
         request_body_buffer_limit=wrappers_pb2.UInt64Value(value=config.listener.max_request_bytes),
     )
     # Every route inherits the tenants' rate limits (_tenant_limits.py).
-    limits = _tenant_limits.virtual_host_config(config.flow_control.tenants)
-    if limits is not None:
-        own = virtual_host.typed_per_filter_config[_tenant_limits.LOCAL_RATE_LIMIT_FILTER]
-        own.CopyFrom(limits)
+    _tenant_limits.configure_virtual_host(virtual_host, config.flow_control.tenants, envoys)
     return route_pb2.RouteConfiguration(
         name=names.ROUTE_CONFIG_NAME,
         virtual_hosts=[virtual_host],
