@@ -90,6 +90,19 @@ async def test_a_tenant_over_its_rate_gets_429_naming_the_limit_others_are_serve
         lambda: len(refusals()) == 3 + 40 - served, within_s=30, what="every refusal logged"
     )
     assert {line["response_flags"] for line in refusals()} == {"RL"}
+    # ... and by tenant: the line has the tenant header's value.
+    by_tenant = {
+        t: sum(1 for line in refusals() if line["tenant"] == t) for t in ("small", "medium")
+    }
+    assert by_tenant == {"small": 3, "medium": 40 - served}
+    assert {line["tenant"] for line in _lines(log) if line["response_code"] == 200} >= {
+        "small",
+        "medium",
+        "big",
+        "unlimited",
+        "someone-else",
+        None,
+    }
     assert {line["response_code_details"] for line in refusals()} == {"local_rate_limited"}
 
 

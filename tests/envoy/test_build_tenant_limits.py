@@ -6,13 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from envoy.extensions.access_loggers.file.v3 import file_pb2
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb2
+from google.protobuf import json_format
 from pydantic import ValidationError
 
 from tests.envoy.static_bootstrap import hcm_of
 from xds_server.config import Band, RoutingConfig, TenantsConfig, parse_config
 from xds_server.envoy import _tenant_limits, build_listeners, build_routes
+from xds_server.envoy.access_log import FIELDS, TENANT_FIELD
 from xds_server.envoy.listeners import JSON_TO_METADATA_FILTER, ROUTER_FILTER
 from xds_server.policy.admission import PoolAdmission
 from xds_server.policy.decision import Decision
@@ -189,3 +192,18 @@ def test_named_tenants_need_the_header() -> None:
         TenantsConfig.model_validate({"named": {"acme": {"requests_per_s": 1}}})
     with pytest.raises(ValidationError):
         TenantsConfig.model_validate({"header": "x-t", "named": {"acme": {"requests_per_s": 0}}})
+
+
+def test_the_request_log_names_the_tenant_when_a_header_does() -> None:
+    def log_fields(config: RoutingConfig) -> dict[str, Any]:
+        (log,) = hcm_of(build_listeners(config)[0]).access_log
+        logger = file_pb2.FileAccessLog()
+        assert log.typed_config.Unpack(logger)
+        fields: dict[str, Any] = json_format.MessageToDict(logger.log_format.json_format)
+        return fields
+
+    assert log_fields(_config()) == {**FIELDS, TENANT_FIELD: "%REQ(x-tenant-id)%"}
+    plain = parse_config(
+        "listener: {address: 127.0.0.1, port: 8080}\npools: [{name: llm, models: [m]}]"
+    )
+    assert log_fields(plain) == FIELDS

@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 LOCAL_RATE_LIMIT_FILTER = "envoy.filters.http.local_ratelimit"
-# Envoy's counters: http_local_rate_limit.<STAT_PREFIX>.{enabled,enforced,rate_limited,ok}.
+# Envoy's counters: <STAT_PREFIX>.http_local_rate_limit.{enabled,enforced,rate_limited,ok}.
 STAT_PREFIX = "tenant_rate_limit"
 DESCRIPTOR_KEY = "tenant"
 # The virtual host's metadata: each limited tenant's Retry-After, by tenant name.

@@ -27,11 +27,13 @@ from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ig
 from xds_server.config import AccessLogConfig
 from xds_server.envoy import _protos, names
 
-__all__ = ["FIELDS", "FILE_ACCESS_LOG", "SAMPLE_RUNTIME_KEY", "request_log"]
+__all__ = ["FIELDS", "FILE_ACCESS_LOG", "SAMPLE_RUNTIME_KEY", "TENANT_FIELD", "request_log"]
 
 FILE_ACCESS_LOG = "envoy.access_loggers.file"
 # Overrides `sample_percent` at run time (the admin layer: `POST /runtime_modify`).
 SAMPLE_RUNTIME_KEY = "llm.access_log.sample"
+# The tenant, when a header names it (request_log).
+TENANT_FIELD = "tenant"
 
 
 def _route(key: str) -> str:
@@ -65,10 +67,14 @@ FIELDS: dict[str, str] = {
 }
 
 
-def request_log(config: AccessLogConfig) -> _Any:
-    """The listener's access log of `config` (module docstring)."""
+def request_log(config: AccessLogConfig, tenant_header: str | None = None) -> _Any:
+    """The listener's access log of `config` (module docstring); with `tenant_header`
+    (flow_control.tenants.header), also its value as `tenant`: a tenant's refusals (429,
+    flag RL) are counted from the log."""
     line = struct_pb2.Struct()
     line.update(FIELDS)
+    if tenant_header is not None:
+        line.update({TENANT_FIELD: f"%REQ({tenant_header})%"})
     logger = file_pb2.FileAccessLog(
         path=config.path,
         log_format=substitution_format_string_pb2.SubstitutionFormatString(json_format=line),

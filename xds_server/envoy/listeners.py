@@ -273,7 +273,9 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
         local_reply_config=_local_replies(config),
         # One JSON line per request (access_log.py); the spill listener's hop is not
         # logged again.
-        access_log=[request_log(listen.access_log)] if listen.access_log.enabled else [],
+        access_log=[request_log(listen.access_log, config.flow_control.tenants.header)]
+        if listen.access_log.enabled
+        else [],
     )
 
 
