@@ -622,18 +622,29 @@ class TenantConfig(_Strict):
 
 
 class TenantsConfig(_Strict):
-    """Who sent a request (the `header`, set by the auth layer) and each named tenant's
-    limits. A request without the header, or naming a tenant not listed, is not limited."""
+    """Who sent a request (the `header`, set by the auth layer, or else a `body_field` of
+    the JSON body) and each named tenant's limits. A request that names no tenant, or one
+    not listed, is not limited."""
 
     header: Annotated[str, Field(pattern=r"^[a-z0-9-]+$")] | None = None
+    # OpenAI's `user` or `safety_identifier`, read by json_to_metadata (a string).
+    body_field: Literal["user", "safety_identifier"] | None = None
     # Names are printed into Envoy's command operators: no `:` nor `%`.
     named: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9._@+/=-]{1,256}$")], TenantConfig] = {}
 
     @model_validator(mode="after")
-    def _header_when_named(self) -> TenantsConfig:
-        if self.named and self.header is None:
-            raise ValueError("flow_control.tenants.named needs flow_control.tenants.header")
+    def _one_source(self) -> TenantsConfig:
+        if self.header is not None and self.body_field is not None:
+            raise ValueError("flow_control.tenants: set header or body_field, not both")
+        if self.named and not self.named_by():
+            raise ValueError(
+                "flow_control.tenants.named needs flow_control.tenants.header or body_field"
+            )
         return self
+
+    def named_by(self) -> bool:
+        """Whether requests name their tenant (a header or a body field)."""
+        return self.header is not None or self.body_field is not None
 
     def rate_limited(self) -> dict[str, float]:
         """The request rate of each tenant that has one, by name (sorted)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -30,27 +31,32 @@ async def _ask(
         return response.status, dict(response.headers), await response.json(content_type=None)
 
 
-async def test_a_tenant_over_its_rate_gets_429_naming_the_limit_others_are_served(  # type: ignore[no-untyped-def]
-    backends, config_file, gateway_factory, http, tmp_path
-) -> None:
-    log = tmp_path / "access.log"
+async def _gateway(  # type: ignore[no-untyped-def]
+    backends, config_file, gateway_factory, log: Path, tenants: dict[str, Any]
+) -> Any:
+    """A gateway (server and Envoy) in front of one backend, logging requests to `log`."""
     backend = await backends("llama-0")
     config_file.write(
         {"llama": (["llama"], [(backend, 1)])},
         listener={"access_log": {"path": str(log)}},
-        flow_control={
-            "tenants": {
-                "header": TENANT_HEADER,
-                "named": {
-                    "small": {"requests_per_s": 0.2},
-                    "medium": {"requests_per_s": 5},
-                    "big": {"requests_per_s": 1000},
-                    "unlimited": {"weight": 2},
-                },
-            }
-        },
+        flow_control={"tenants": tenants},
     )
-    gateway = await gateway_factory()
+    return await gateway_factory()
+
+
+async def test_a_tenant_over_its_rate_gets_429_naming_the_limit_others_are_served(  # type: ignore[no-untyped-def]
+    backends, config_file, gateway_factory, http, tmp_path
+) -> None:
+    log = tmp_path / "access.log"
+    named = {
+        "small": {"requests_per_s": 0.2},
+        "medium": {"requests_per_s": 5},
+        "big": {"requests_per_s": 1000},
+        "unlimited": {"weight": 2},
+    }
+    gateway = await _gateway(
+        backends, config_file, gateway_factory, log, {"header": TENANT_HEADER, "named": named}
+    )
     # small: a bucket of one request, refilled every 5 s.
     status, _, _ = await _ask(http, gateway.url, "small")
     assert status == 200
@@ -201,3 +207,36 @@ async def test_two_envoys_on_two_replicas_split_a_tenants_rate_and_keep_it(
 async def _has_half(envoy: EnvoyProcess) -> dict[str, Any] | None:
     bucket = await _acme_bucket(envoy)
     return bucket if bucket is not None and bucket.get("tokens_per_fill") == 5 else None
+
+
+async def test_the_body_user_names_the_tenant(  # type: ignore[no-untyped-def]
+    backends, config_file, gateway_factory, http, tmp_path
+) -> None:
+    log = tmp_path / "access.log"
+    tenants = {"body_field": "user", "named": {"small": {"requests_per_s": 0.2}}}
+    gateway = await _gateway(backends, config_file, gateway_factory, log, tenants)
+
+    async def ask(user: str | None) -> tuple[int, dict[str, str], Any]:
+        body: dict[str, Any] = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
+        if user is not None:
+            body["user"] = user
+        url = f"{gateway.url}/v1/chat/completions"
+        async with http.post(url, json=body) as response:
+            return response.status, dict(response.headers), await response.json(content_type=None)
+
+    assert (await ask("small"))[0] == 200
+    status, headers, body = await ask("small")
+    assert status == 429, body
+    assert headers["Retry-After"] == "5"
+    assert body["error"]["code"] == "tenant_rate_limit_exceeded"
+    assert body["error"]["message"].startswith("Tenant small is over its request rate limit")
+    # Another user, and a request without one, are served.
+    for user in ("someone-else", None, "small-but-not-quite"):
+        answers = await asyncio.gather(*(ask(user) for _ in range(10)))
+        assert [a[0] for a in answers] == [200] * 10, user
+    refused = await eventually(
+        lambda: [line for line in _lines(log) if line["response_code"] == 429],
+        within_s=30,
+        what="the refusal in the request log",
+    )
+    assert [(line["tenant"], line["response_flags"]) for line in refused] == [("small", "RL")]

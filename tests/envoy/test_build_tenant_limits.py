@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from envoy.extensions.access_loggers.file.v3 import file_pb2
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
+from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
 from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb2
 from google.protobuf import json_format
 from pydantic import ValidationError
@@ -207,3 +208,46 @@ def test_the_request_log_names_the_tenant_when_a_header_does() -> None:
         "listener: {address: 127.0.0.1, port: 8080}\npools: [{name: llm, models: [m]}]"
     )
     assert log_fields(plain) == FIELDS
+
+
+BODY_YAML = TENANTS_YAML.replace("header: x-tenant-id", "body_field: user")
+
+
+def test_a_body_field_names_the_tenant_after_json_to_metadata_reads_it() -> None:
+    config = _config(BODY_YAML)
+    hcm = hcm_of(build_listeners(config)[0])
+    names_ = [f.name for f in hcm.http_filters]
+    assert names_ == [
+        JSON_TO_METADATA_FILTER,
+        _tenant_limits.LOCAL_RATE_LIMIT_FILTER,
+        ROUTER_FILTER,
+    ]
+    jtm = json_to_metadata_pb2.JsonToMetadata()
+    assert hcm.http_filters[0].typed_config.Unpack(jtm)
+    (rule,) = [r for r in jtm.request_rules.rules if r.selectors[0].key == "user"]
+    assert (rule.on_present.metadata_namespace, rule.on_present.key) == ("llm", "tenant")
+    assert rule.on_present.type == json_to_metadata_pb2.JsonToMetadata.STRING
+    (action,) = _vhost_limit(config).rate_limits[0].actions
+    assert action.metadata.descriptor_key == _tenant_limits.DESCRIPTOR_KEY
+    assert action.metadata.metadata_key.key == "llm"
+    assert [p.key for p in action.metadata.metadata_key.path] == ["tenant"]
+    assert action.metadata.skip_if_absent
+    (log,) = hcm.access_log
+    assert "%DYNAMIC_METADATA(llm:tenant)%" in str(log.typed_config.value, "utf-8", "replace")
+    acme = next(
+        m
+        for m in hcm.local_reply_config.mappers
+        if m.HasField("filter")
+        and m.filter.HasField("and_filter")
+        and len(m.filter.and_filter.filters) == 2
+        and m.filter.and_filter.filters[1].HasField("metadata_filter")
+    )
+    matcher = acme.filter.and_filter.filters[1].metadata_filter.matcher
+    assert (matcher.filter, [p.key for p in matcher.path]) == ("llm", ["tenant"])
+    assert matcher.value.string_match.exact == "acme"
+
+
+def test_a_header_or_a_body_field_not_both() -> None:
+    with pytest.raises(ValidationError, match="not both"):
+        TenantsConfig.model_validate({"header": "x-t", "body_field": "user"})
+    TenantsConfig.model_validate({"body_field": "safety_identifier", "named": {"a": {}}})

@@ -1,12 +1,14 @@
 """Each tenant's request rate limit, enforced by Envoy's local rate limit filter (no callout).
 
-The listener runs `envoy.filters.http.local_ratelimit` first, with no token bucket of its
-own (disabled). Its real configuration comes with the routes (RDS), on the virtual host
+The listener runs `envoy.filters.http.local_ratelimit` with no token bucket of its own
+(disabled): first when a header names the tenant (a refused request's body is never
+buffered), after json_to_metadata when a body field does (it writes `llm:tenant`). Its
+real configuration comes with the routes (RDS), on the virtual host
 (`typed_per_filter_config`), so a changed limit reaches Envoy without a listener update
 (which would drain connections); every route inherits it. That configuration:
 
-- makes one descriptor of each request, `tenant=<the tenant header>` (none without the
-  header: such a request is not limited);
+- makes one descriptor of each request, `tenant=<the tenant header or llm:tenant>` (none
+  without it: such a request is not limited);
 - gives each named tenant with a `requests_per_s` a token bucket (`tenant_bucket`); a
   tenant not listed matches no descriptor and falls to the default bucket, which never
   runs dry (`UNLIMITED`) and is not consumed by a request a descriptor took
@@ -31,33 +33,41 @@ from __future__ import annotations
 import math
 from typing import Any as _Any
 
+from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.extensions.common.ratelimit.v3 import ratelimit_pb2
 from envoy.extensions.filters.http.local_ratelimit.v3 import local_rate_limit_pb2
+from envoy.type.matcher.v3 import metadata_pb2, string_pb2, value_pb2
+from envoy.type.metadata.v3 import metadata_pb2 as metadata_key_pb2
 from envoy.type.v3 import percent_pb2, token_bucket_pb2
 from google.protobuf import wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from xds_server.config import TenantsConfig
-from xds_server.envoy import _protos
+from xds_server.envoy import _protos, names
 
 __all__ = [
     "DESCRIPTOR_KEY",
     "LOCAL_RATE_LIMIT_FILTER",
     "METADATA_NAMESPACE",
     "STAT_PREFIX",
+    "TENANT_KEY",
     "UNLIMITED",
     "configure_virtual_host",
+    "is_tenant",
     "listener_filter",
     "retry_after_format",
     "retry_after_s",
     "tenant_bucket",
+    "tenant_format",
 ]
 
 LOCAL_RATE_LIMIT_FILTER = "envoy.filters.http.local_ratelimit"
 # Envoy's counters: <STAT_PREFIX>.http_local_rate_limit.{enabled,enforced,rate_limited,ok}.
 STAT_PREFIX = "tenant_rate_limit"
 DESCRIPTOR_KEY = "tenant"
+# Where json_to_metadata writes a body field's tenant: `llm:tenant`.
+TENANT_KEY = "tenant"
 # The virtual host's metadata: each limited tenant's Retry-After, by tenant name.
 METADATA_NAMESPACE = "llm.tenant_retry_after"
 # The default bucket's size and refill per second: more than one Envoy can take.
@@ -101,16 +111,11 @@ def configure_virtual_host(virtual_host: _Any, tenants: TenantsConfig, envoys: i
     tenant's Retry-After, the seconds of one refill of its bucket, which the tenant's 429
     reads (listeners.py). Nothing when no tenant has a rate limit."""
     limits = tenants.rate_limited()
-    if not limits or tenants.header is None:
+    if not limits or not tenants.named_by():
         return
     shares = {tenant: rate / max(1, envoys) for tenant, rate in limits.items()}
     always = percent_pb2.FractionalPercent(
         numerator=100, denominator=percent_pb2.FractionalPercent.HUNDRED
-    )
-    by_tenant = rc_pb2.RateLimit.Action(
-        request_headers=rc_pb2.RateLimit.Action.RequestHeaders(
-            header_name=tenants.header, descriptor_key=DESCRIPTOR_KEY, skip_if_absent=True
-        )
     )
     config = local_rate_limit_pb2.LocalRateLimit(
         stat_prefix=STAT_PREFIX,
@@ -128,7 +133,7 @@ def configure_virtual_host(virtual_host: _Any, tenants: TenantsConfig, envoys: i
             )
             for tenant, rate in shares.items()
         ],
-        rate_limits=[rc_pb2.RateLimit(actions=[by_tenant])],
+        rate_limits=[rc_pb2.RateLimit(actions=[_by_tenant(tenants)])],
         local_rate_limit_per_downstream_connection=False,
         always_consume_default_token_bucket=wrappers_pb2.BoolValue(value=False),
         rate_limited_as_resource_exhausted=False,
@@ -138,6 +143,58 @@ def configure_virtual_host(virtual_host: _Any, tenants: TenantsConfig, envoys: i
     waits = virtual_host.metadata.filter_metadata[METADATA_NAMESPACE]
     for tenant, rate in shares.items():
         waits[tenant] = retry_after_s(rate)
+
+
+def _by_tenant(tenants: TenantsConfig) -> _Any:
+    """The rate limit action that makes a request's descriptor from its tenant."""
+    action = rc_pb2.RateLimit.Action
+    if tenants.header is not None:
+        return action(
+            request_headers=action.RequestHeaders(
+                header_name=tenants.header, descriptor_key=DESCRIPTOR_KEY, skip_if_absent=True
+            )
+        )
+    return action(
+        metadata=action.MetaData(
+            descriptor_key=DESCRIPTOR_KEY,
+            metadata_key=metadata_key_pb2.MetadataKey(
+                key=names.METADATA_NAMESPACE,
+                path=[metadata_key_pb2.MetadataKey.PathSegment(key=TENANT_KEY)],
+            ),
+            source=action.MetaData.DYNAMIC,
+            skip_if_absent=True,
+        )
+    )
+
+
+def tenant_format(tenants: TenantsConfig) -> str | None:
+    """The command operator printing a request's tenant (None: requests name none)."""
+    if tenants.header is not None:
+        return f"%REQ({tenants.header})%"
+    if tenants.body_field is not None:
+        return f"%DYNAMIC_METADATA({names.METADATA_NAMESPACE}:{TENANT_KEY})%"
+    return None
+
+
+def is_tenant(tenants: TenantsConfig, tenant: str) -> _Any:
+    """An access log filter (as the local reply mappers use) for the requests of `tenant`."""
+    exact = string_pb2.StringMatcher(exact=tenant)
+    if tenants.header is not None:
+        return accesslog_pb2.AccessLogFilter(
+            header_filter=accesslog_pb2.HeaderFilter(
+                header=rc_pb2.HeaderMatcher(name=tenants.header, string_match=exact)
+            )
+        )
+    return accesslog_pb2.AccessLogFilter(
+        metadata_filter=accesslog_pb2.MetadataFilter(
+            matcher=metadata_pb2.MetadataMatcher(
+                filter=names.METADATA_NAMESPACE,
+                path=[metadata_pb2.MetadataMatcher.PathSegment(key=TENANT_KEY)],
+                value=value_pb2.ValueMatcher(string_match=exact),
+            ),
+            match_if_key_not_found=wrappers_pb2.BoolValue(value=False),
+        )
+    )
 
 
 def retry_after_format(tenant: str) -> str:

@@ -67,14 +67,14 @@ FIELDS: dict[str, str] = {
 }
 
 
-def request_log(config: AccessLogConfig, tenant_header: str | None = None) -> _Any:
-    """The listener's access log of `config` (module docstring); with `tenant_header`
-    (flow_control.tenants.header), also its value as `tenant`: a tenant's refusals (429,
-    flag RL) are counted from the log."""
+def request_log(config: AccessLogConfig, tenant: str | None = None) -> _Any:
+    """The listener's access log of `config` (module docstring); with `tenant`, the command
+    operator printing a request's tenant (_tenant_limits.tenant_format), also that: a
+    tenant's refusals (429, flag RL) are counted from the log."""
     line = struct_pb2.Struct()
     line.update(FIELDS)
-    if tenant_header is not None:
-        line.update({TENANT_FIELD: f"%REQ({tenant_header})%"})
+    if tenant is not None:
+        line.update({TENANT_FIELD: tenant})
     logger = file_pb2.FileAccessLog(
         path=config.path,
         log_format=substitution_format_string_pb2.SubstitutionFormatString(json_format=line),

@@ -96,11 +96,11 @@ from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
-from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, string_pb2, value_pb2
+from envoy.type.matcher.v3 import metadata_pb2, regex_pb2, value_pb2
 from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import PoolConfig, RoutingConfig
+from xds_server.config import PoolConfig, RoutingConfig, TenantsConfig
 from xds_server.envoy import _error_bodies, _protos, _tenant_limits, names
 from xds_server.envoy.access_log import request_log
 
@@ -268,12 +268,16 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
             if any("long" in config.lanes(p) for p in config.pools)
             else None,
             streams=any(bounds_streams(p) for p in config.pools),
-            tenants=config.flow_control.tenants.header is not None,
+            tenants=config.flow_control.tenants,
         ),
         local_reply_config=_local_replies(config),
         # One JSON line per request (access_log.py); the spill listener's hop is not
         # logged again.
-        access_log=[request_log(listen.access_log, config.flow_control.tenants.header)]
+        access_log=[
+            request_log(
+                listen.access_log, _tenant_limits.tenant_format(config.flow_control.tenants)
+            )
+        ]
         if listen.access_log.enabled
         else [],
     )
@@ -290,27 +294,28 @@ def _http_filters(
     prompts: bool,
     long_prompt_bytes: int | None,
     streams: bool,
-    tenants: bool = False,
+    tenants: TenantsConfig | None = None,
 ) -> list[_Any]:
-    # The tenants' rate limit first: a refused request's body is never buffered.
-    filters = (
-        [
-            hcm_pb2.HttpFilter(
-                name=_tenant_limits.LOCAL_RATE_LIMIT_FILTER,
-                typed_config=_protos.pack(_tenant_limits.listener_filter()),
-            )
-        ]
-        if tenants
-        else []
+    tenants = tenants or TenantsConfig()
+    rate_limit = hcm_pb2.HttpFilter(
+        name=_tenant_limits.LOCAL_RATE_LIMIT_FILTER,
+        typed_config=_protos.pack(_tenant_limits.listener_filter()),
     )
-    filters += [
+    # The tenants' rate limit first when a header names them (a refused request's body is
+    # never buffered), else after json_to_metadata has read the body's tenant.
+    filters = [rate_limit] if tenants.header is not None else []
+    filters.append(
         hcm_pb2.HttpFilter(
             name=JSON_TO_METADATA_FILTER,
             typed_config=_protos.pack(
-                _json_to_metadata(sessions, prompts=prompts, streams=streams)
+                _json_to_metadata(
+                    sessions, prompts=prompts, streams=streams, tenant=tenants.body_field
+                )
             ),
         )
-    ]
+    )
+    if tenants.body_field is not None:
+        filters.append(rate_limit)
     if sessions:
         filters.append(
             hcm_pb2.HttpFilter(
@@ -357,7 +362,9 @@ def _long_prompt_log(long_prompt_bytes: int) -> _Any:
     )
 
 
-def _json_to_metadata(sessions: bool, *, prompts: bool = False, streams: bool = False) -> _Any:
+def _json_to_metadata(
+    sessions: bool, *, prompts: bool = False, streams: bool = False, tenant: str | None = None
+) -> _Any:
     jtm = json_to_metadata_pb2.JsonToMetadata
 
     def write(key: str, value: str | None = None) -> _Any:
@@ -376,34 +383,30 @@ def _json_to_metadata(sessions: bool, *, prompts: bool = False, streams: bool = 
             on_error=write(names.MODEL_KEY, names.MODEL_INVALID),
         )
     ]
+
+    def as_string(field: str, namespace: str, key: str) -> _Any:
+        # Written only when present (no on_missing), as a string: an empty one writes
+        # nothing.
+        pair = jtm.KeyValuePair(metadata_namespace=namespace, key=key, type=jtm.STRING)
+        return jtm.Rule(selectors=[jtm.Selector(key=field)], on_present=pair)
+
     if sessions:
-        # Written only when present (no on_missing): the session routes match on it.
+        # The session routes match on it.
         rules += [
-            jtm.Rule(
-                selectors=[jtm.Selector(key=key)],
-                on_present=jtm.KeyValuePair(
-                    metadata_namespace=names.METADATA_NAMESPACE,
-                    key=names.SESSION_KEY,
-                    type=jtm.STRING,
-                ),
-            )
-            for key in reversed(names.SESSION_BODY_KEYS)
+            as_string(field, names.METADATA_NAMESPACE, names.SESSION_KEY)
+            for field in reversed(names.SESSION_BODY_KEYS)
         ]
     if prompts:
-        rules.append(
-            jtm.Rule(
-                selectors=[jtm.Selector(key=PROMPT_KEY)],
-                # STRING: an empty prompt writes nothing (no key to hash).
-                on_present=jtm.KeyValuePair(
-                    metadata_namespace=PROMPT_NAMESPACE, key=PROMPT_KEY, type=jtm.STRING
-                ),
-            )
-        )
+        # An empty prompt writes nothing (no key to hash).
+        rules.append(as_string(PROMPT_KEY, PROMPT_NAMESPACE, PROMPT_KEY))
     if streams:
         # `llm:stream`, as the JSON's boolean (routes.py: streamed requests' bounds).
         rules.append(
             jtm.Rule(selectors=[jtm.Selector(key=STREAM_KEY)], on_present=write(STREAM_KEY))
         )
+    if tenant is not None:
+        # `llm:tenant`: the tenants' rate limit.
+        rules.append(as_string(tenant, names.METADATA_NAMESPACE, _tenant_limits.TENANT_KEY))
     return jtm(
         request_rules=jtm.MatchRules(
             rules=rules,
@@ -442,11 +445,9 @@ def _local_replies(config: RoutingConfig) -> _Any:
         ),
     ]
     tenants = config.flow_control.tenants
-    if tenants.header is not None:
-        mappers += [
-            _tenant_limited(tenants.header, tenant, rate)
-            for tenant, rate in tenants.rate_limited().items()
-        ]
+    mappers += [
+        _tenant_limited(tenants, tenant, rate) for tenant, rate in tenants.rate_limited().items()
+    ]
     if config.flow_control.enabled:
         mappers.append(_band_full())
     else:
@@ -602,15 +603,15 @@ def _band_full() -> _Any:
     )
 
 
-def _tenant_limited(header: str, tenant: str, requests_per_s: float) -> _Any:
+def _tenant_limited(tenants: TenantsConfig, tenant: str, requests_per_s: float) -> _Any:
     """429 `tenant_rate_limit_exceeded` for a request of `tenant` the tenants' local rate
     limit refused (_tenant_limits.py), naming the tenant and its limit, with Retry-After
     the seconds its bucket takes to refill, read from the virtual host's metadata (RDS:
     it follows the split of the limit over the Envoys without a listener update). Told by
-    its status and the tenant header: the filter flags the reply RL only after the mappers
-    ran (as the codec does DPE), and its `x-ratelimit-*` headers are added after them too
-    (both verified on Envoy 1.40), so one mapper per tenant says its own limit. No other
-    reply of Envoy's own is a 429 before the mappers."""
+    its status and the tenant (header or metadata): the filter flags the reply RL only
+    after the mappers ran (as the codec does DPE), and its `x-ratelimit-*` headers are
+    added after them too (both verified on Envoy 1.40), so one mapper per tenant says its
+    own limit. No other reply of Envoy's own is a 429 before the mappers."""
     wait = _tenant_limits.retry_after_format(tenant)
     body = _error_bodies.error_format(
         message=(
@@ -621,13 +622,7 @@ def _tenant_limited(header: str, tenant: str, requests_per_s: float) -> _Any:
         param=None,
         error_type=names.RATE_LIMIT_ERROR_TYPE,
     )
-    named = accesslog_pb2.AccessLogFilter(
-        header_filter=accesslog_pb2.HeaderFilter(
-            header=route_components_pb2.HeaderMatcher(
-                name=header, string_match=string_pb2.StringMatcher(exact=tenant)
-            )
-        )
-    )
+    named = _tenant_limits.is_tenant(tenants, tenant)
     return hcm_pb2.ResponseMapper(
         filter=accesslog_pb2.AccessLogFilter(
             and_filter=accesslog_pb2.AndFilter(filters=[_status_filter(429), named])
