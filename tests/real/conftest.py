@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -38,11 +39,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def _cache() -> Path:
+    return Path(os.environ.get("XDS_REAL_CACHE", _HERE.parents[1] / ".venv-real" / "cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> TinyModel:
     os.environ["HF_HUB_OFFLINE"] = "1"
-    cache = Path(os.environ.get("XDS_REAL_CACHE", _HERE.parents[1] / ".venv-real" / "cache"))
-    return build_tiny_model(cache / "tiny-llama")
+    return build_tiny_model(_cache() / "tiny-llama")
 
 
 def _free_port() -> int:
@@ -55,12 +59,15 @@ def _free_port() -> int:
 def vllm_fleet(
     tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[list[VllmPod]]:
-    """Three vLLM pods, started together; a missing vLLM fails here, never skips."""
+    """Three vLLM pods, started together; a missing vLLM fails here, never skips. Their
+    logs are kept in the cache's `logs` until the next run."""
     try:
         version = vllm_version()
     except ImportError as error:
         pytest.fail(f"vLLM is not installed ({error}): ./dev test-real installs it", False)
-    logs = tmp_path_factory.mktemp("vllm")
+    logs = _cache() / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    logs.mkdir(parents=True)
     pods = [
         VllmPod(model=tiny_model, port=_free_port(), log=logs / f"pod-{i}.log")
         for i in range(_POD_COUNT)

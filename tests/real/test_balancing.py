@@ -31,7 +31,7 @@ async def test_adapters_are_placed_on_pods_of_their_own_and_followed(
         await eventually(lambda: _all_weighted(gateway), within_s=20, what="pods weighted")
         for i in range(16):
             adapter = "ab"[i % 2]
-            served[adapter].append(await served_one(gateway, http, {"model": adapter}))
+            served[adapter].append(await served_one(gateway, http, pods, {"model": adapter}))
         pages = {}
         for pod in pods:
             async with http.get(f"{pod.url}/metrics") as response:
@@ -75,13 +75,13 @@ async def test_a_keyed_user_moves_off_a_loaded_pod(pods: list[VllmPod], tmp_path
     ):
         await eventually(lambda: _all_weighted(gateway), within_s=20, what="pods weighted")
         body = {"user": "alice"}
-        home = await served_one(gateway, http, body)
-        assert {await served_one(gateway, http, body) for _ in range(4)} == {home}
+        home = await served_one(gateway, http, pods, body)
+        assert {await served_one(gateway, http, pods, body) for _ in range(4)} == {home}
         (home_pod,) = (pod for pod in pods if pod.port == home)
         async with loaded(home_pod):
 
             async def moved() -> bool:
-                return await served_one(gateway, http, body) != home
+                return await served_one(gateway, http, pods, body) != home
 
             await eventually(moved, within_s=20, what="alice's requests off her loaded home")
 

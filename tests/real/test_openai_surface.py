@@ -57,13 +57,21 @@ async def test_streams_arrive_in_pieces_with_usage_last(client: openai.AsyncOpen
     pieces = [
         c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content
     ]
-    assert len(pieces) == 6, chunks
+    # vLLM may put two tokens in one event when the client reads behind; never all in one.
+    assert 2 <= len(pieces) <= 6, chunks
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
     completion = await client.completions.create(
-        model="b", prompt="hello there", max_tokens=5, stream=True, extra_body=_EXACT
+        model="b",
+        prompt="hello there",
+        max_tokens=5,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=_EXACT,
     )
-    texts = [chunk.choices[0].text async for chunk in completion if chunk.choices]
-    assert len([t for t in texts if t]) == 5, texts
+    parts = [chunk async for chunk in completion]
+    texts = [c.choices[0].text for c in parts if c.choices and c.choices[0].text]
+    assert 2 <= len(texts) <= 5, parts
+    assert parts[-1].usage is not None and parts[-1].usage.completion_tokens == 5
 
 
 async def test_responses_api_plain_and_streamed(client: openai.AsyncOpenAI) -> None:

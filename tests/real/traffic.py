@@ -11,8 +11,10 @@ from typing import Any
 
 import aiohttp
 
+from tests.e2e.conftest import eventually
 from tests.real.vllm_pods import MAX_NUM_SEQS, MODEL, VllmPod
 from xds_server.metrics.engines import engine_adapter
+from xds_server.metrics.exposition import parse_samples
 from xds_testbed.gateway import LocalGateway
 
 __all__ = [
@@ -24,15 +26,21 @@ __all__ = [
     "streamed",
 ]
 
+_SMALL = "vllm:request_params_max_tokens_bucket"
 
-async def served_counts(gateway: LocalGateway, cluster: str = "gpu") -> dict[int, int]:
-    """Envoy's `rq_total` per host of `cluster`: port -> requests sent to it."""
+
+async def served_counts(gateway: LocalGateway, pool: str = "gpu") -> dict[int, int]:
+    """Envoy's `rq_total` per host over the clusters of `pool` (the pool's own, and its
+    session, long-prompt and band clusters, `<pool>/...`): port -> requests sent to it."""
     text = await gateway.envoy.admin_get("/clusters")
     counts: dict[int, int] = {}
     for line in text.splitlines():
         parts = line.split("::")
-        if len(parts) == 4 and parts[0] == cluster and parts[2] == "rq_total":
-            counts[int(parts[1].rsplit(":", 1)[1])] = int(parts[3])
+        if len(parts) != 4 or parts[2] != "rq_total":
+            continue
+        if parts[0] == pool or parts[0].startswith(pool + "/"):
+            port = int(parts[1].rsplit(":", 1)[1])
+            counts[port] = counts.get(port, 0) + int(parts[3])
     return counts
 
 
@@ -47,15 +55,33 @@ async def complete(
         return await response.json(content_type=None)  # type: ignore[no-any-return]
 
 
+async def _small_requests(http: aiohttp.ClientSession, pod: VllmPod) -> float:
+    """Requests `pod` finished with max_tokens <= 2 (its own histogram): what `served_one`
+    sends, never the long requests `loaded` puts on a pod."""
+    async with http.get(pod.url + "/metrics") as response:
+        text = await response.text()
+    return sum(
+        sample.value for sample in parse_samples(text, {_SMALL}) if sample.labels.get("le") == "2.0"
+    )
+
+
 async def served_one(
-    gateway: LocalGateway, http: aiohttp.ClientSession, body: Mapping[str, Any]
+    gateway: LocalGateway,
+    http: aiohttp.ClientSession,
+    pods: list[VllmPod],
+    body: Mapping[str, Any],
 ) -> int:
-    """Send one completion through the gateway, alone; the port of the pod that served it."""
-    before = await served_counts(gateway)
-    await complete(http, gateway.url, body)
-    after = await served_counts(gateway)
-    grew = [port for port, count in after.items() if count > before.get(port, 0)]
-    assert len(grew) == 1, (before, after)
+    """Send one 2-token completion through the gateway, alone; the port of the pod that
+    served it, by the pods' own counts (Envoy's per-host counters restart when a cluster
+    is rebuilt)."""
+    before = {pod.port: await _small_requests(http, pod) for pod in pods}
+    await complete(http, gateway.url, {**body, "max_tokens": 2})
+
+    async def grown() -> list[int]:
+        return [pod.port for pod in pods if await _small_requests(http, pod) > before[pod.port]]
+
+    grew: list[int] = await eventually(grown, within_s=10, what="the serving pod's count")
+    assert len(grew) == 1, grew
     return grew[0]
 
 
