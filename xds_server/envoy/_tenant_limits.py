@@ -23,7 +23,9 @@ A tenant's `requests_per_s` is the fleet's: each Envoy's bucket holds an even pa
 rate / N over the N Envoys flow control's load knows (snapshot_builder.tenant_envoys; 1
 without flow control). A token bucket's fields are not runtime keys, so the parts ride on
 the routes (an RDS push when N changes, which drains nothing), and with them each tenant's
-Retry-After, in the virtual host's metadata (METADATA_NAMESPACE).
+Retry-After, in the virtual host's metadata (METADATA_NAMESPACE). Envoy builds the
+per-route configuration anew on every RDS update, so each route push refills every
+bucket: one more burst per push in the error bound (docs/flow-control.md, "Tenants").
 
 Verified on Envoy 1.40 (tests/e2e/test_tenant_limits.py; docs/flow-control.md, "Tenants").
 """
