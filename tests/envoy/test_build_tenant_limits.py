@@ -15,12 +15,14 @@ from pydantic import ValidationError
 
 from tests.envoy.static_bootstrap import hcm_of
 from xds_server.config import Band, RoutingConfig, TenantsConfig, parse_config
-from xds_server.envoy import _tenant_limits, build_listeners, build_routes
+from xds_server.envoy import _tenant_limits, build_listeners, build_routes, names
 from xds_server.envoy.access_log import FIELDS, TENANT_FIELD
 from xds_server.envoy.listeners import JSON_TO_METADATA_FILTER, ROUTER_FILTER
 from xds_server.policy.admission import PoolAdmission
 from xds_server.policy.decision import Decision
-from xds_server.snapshot_builder import tenant_envoys
+from xds_server.snapshot_builder import SnapshotBuilder, tenant_envoys
+from xds_server.xds.resources import ResourceType
+from xds_server.xds.snapshot import Snapshot
 
 TENANTS_YAML = """
 listener: {address: 127.0.0.1, port: 8080}
@@ -35,6 +37,11 @@ pools:
   - name: llm
     models: [base]
 """
+
+
+UNLIMITED_YAML = TENANTS_YAML.replace("requests_per_s: 2.5", "weight: 1").replace(
+    "{requests_per_s: 0.2}", "{weight: 1}"
+)
 
 
 def _config(yaml: str = TENANTS_YAML) -> RoutingConfig:
@@ -55,8 +62,12 @@ def _seconds(duration: Any) -> float:
 
 def test_the_filter_comes_first_and_is_configured_by_the_virtual_host() -> None:
     hcm = hcm_of(build_listeners(_config())[0])
-    names = [f.name for f in hcm.http_filters]
-    assert names == [_tenant_limits.LOCAL_RATE_LIMIT_FILTER, JSON_TO_METADATA_FILTER, ROUTER_FILTER]
+    filters = [f.name for f in hcm.http_filters]
+    assert filters == [
+        _tenant_limits.LOCAL_RATE_LIMIT_FILTER,
+        JSON_TO_METADATA_FILTER,
+        ROUTER_FILTER,
+    ]
     own = local_rate_limit_pb2.LocalRateLimit()
     assert hcm.http_filters[0].typed_config.Unpack(own)
     # No bucket of its own: disabled where the routes do not configure it.
@@ -99,27 +110,24 @@ def test_each_envoy_gets_an_even_part_and_its_retry_after_rides_on_the_virtual_h
         assert dict(waits) == {"acme": 1, "slow": slow_wait}
 
 
-def test_the_fleet_is_every_envoy_the_admissions_know_when_a_tenant_is_limited() -> None:
-    def admission(*envoys: str) -> PoolAdmission:
-        bands: dict[Band, int] = {"critical": 1, "standard": 1, "sheddable": 1}
-        return PoolAdmission(
-            capacity=1,
-            in_flight=bands,
-            budget=bands,
-            max_requests=bands,
-            by_envoy=dict.fromkeys(envoys, bands),
-            retry_after_s=bands,
-        )
-
-    decision = Decision(admissions={"llm": admission("e1", "e2"), "other": admission("e2", "e3")})
-    assert tenant_envoys(_config(), decision) == 3
-    assert tenant_envoys(_config(), Decision()) == 1
-    unlimited = _config(
-        TENANTS_YAML.replace("requests_per_s: 2.5", "weight: 1").replace(
-            "{requests_per_s: 0.2}", "{weight: 1}"
-        )
+def _decision(*envoys: str) -> Decision:
+    """A decision whose one pool's admission knows `envoys`."""
+    bands: dict[Band, int] = {"critical": 1, "standard": 1, "sheddable": 1}
+    admission = PoolAdmission(
+        capacity=1,
+        in_flight=bands,
+        budget=bands,
+        max_requests=bands,
+        by_envoy=dict.fromkeys(envoys, bands),
+        retry_after_s=bands,
     )
-    assert tenant_envoys(unlimited, decision) == 1
+    return Decision(admissions={"llm": admission, "other": admission})
+
+
+def test_the_fleet_is_every_envoy_the_admissions_know_when_a_tenant_is_limited() -> None:
+    assert tenant_envoys(_config(), _decision("e1", "e2", "e3")) == 3
+    assert tenant_envoys(_config(), Decision()) == 1
+    assert tenant_envoys(_config(UNLIMITED_YAML), _decision("e1", "e2", "e3")) == 1
 
 
 @pytest.mark.parametrize(
@@ -174,11 +182,7 @@ def test_the_429_of_each_limited_tenant_names_it_and_its_limit() -> None:
 
 
 def test_without_limited_tenants_nothing_is_added() -> None:
-    config = _config(
-        TENANTS_YAML.replace("requests_per_s: 2.5", "weight: 1").replace(
-            "{requests_per_s: 0.2}", "{weight: 1}"
-        )
-    )
+    config = _config(UNLIMITED_YAML)
     (virtual_host,) = build_routes(config)[0].virtual_hosts
     assert _tenant_limits.LOCAL_RATE_LIMIT_FILTER not in virtual_host.typed_per_filter_config
     plain = parse_config(
@@ -216,8 +220,8 @@ BODY_YAML = TENANTS_YAML.replace("header: x-tenant-id", "body_field: user")
 def test_a_body_field_names_the_tenant_after_json_to_metadata_reads_it() -> None:
     config = _config(BODY_YAML)
     hcm = hcm_of(build_listeners(config)[0])
-    names_ = [f.name for f in hcm.http_filters]
-    assert names_ == [
+    filters = [f.name for f in hcm.http_filters]
+    assert filters == [
         JSON_TO_METADATA_FILTER,
         _tenant_limits.LOCAL_RATE_LIMIT_FILTER,
         ROUTER_FILTER,
@@ -251,3 +255,26 @@ def test_a_header_or_a_body_field_not_both() -> None:
     with pytest.raises(ValidationError, match="not both"):
         TenantsConfig.model_validate({"header": "x-t", "body_field": "user"})
     TenantsConfig.model_validate({"body_field": "safety_identifier", "named": {"a": {}}})
+
+
+def test_the_builder_pushes_routes_when_the_fleet_grows_and_only_then() -> None:
+    def acme_tokens(snapshot: Snapshot) -> int:
+        routes = snapshot.resources[ResourceType.ROUTE][names.ROUTE_CONFIG_NAME].message
+        limit = local_rate_limit_pb2.LocalRateLimit()
+        packed = routes.virtual_hosts[0].typed_per_filter_config
+        assert packed[_tenant_limits.LOCAL_RATE_LIMIT_FILTER].Unpack(limit)
+        return int(limit.descriptors[0].token_bucket.tokens_per_fill.value)
+
+    builder = SnapshotBuilder()
+    one = builder.build(_config(), _decision("e1"))
+    same = builder.build(_config(), _decision("e2"))
+    two = builder.build(_config(), _decision("e1", "e2"))
+    assert (acme_tokens(one), acme_tokens(two)) == (2, 1)
+    assert same.versions[ResourceType.ROUTE] == one.versions[ResourceType.ROUTE]
+    assert two.versions[ResourceType.ROUTE] != one.versions[ResourceType.ROUTE]
+    assert two.versions[ResourceType.LISTENER] == one.versions[ResourceType.LISTENER]
+    # Without a limited tenant the fleet's size pushes nothing.
+    plain = SnapshotBuilder()
+    before = plain.build(_config(UNLIMITED_YAML), _decision("e1"))
+    after = plain.build(_config(UNLIMITED_YAML), _decision("e1", "e2"))
+    assert after.versions[ResourceType.ROUTE] == before.versions[ResourceType.ROUTE]
