@@ -86,9 +86,12 @@ def vllm_fleet(
 
 @pytest.fixture
 def pods(vllm_fleet: list[VllmPod]) -> list[VllmPod]:
-    """The session's pods, each running and healthy (a pod a test killed is restarted)."""
-    dead = [pod for pod in vllm_fleet if not pod.running]
+    """The session's pods, each running and healthy: a pod a test killed, or one whose
+    engine died (vLLM's CPU worker has died mid-run here, its API server left behind), is
+    started afresh."""
+    dead = [pod for pod in vllm_fleet if not pod.healthy()]
     for pod in dead:
+        pod.kill()
         pod.start()
     for pod in dead:
         pod.wait_healthy()
