@@ -30,7 +30,8 @@ from xds_server.envoy import _protos, names
 __all__ = ["FIELDS", "FILE_ACCESS_LOG", "SAMPLE_RUNTIME_KEY", "TENANT_FIELD", "request_log"]
 
 FILE_ACCESS_LOG = "envoy.access_loggers.file"
-# Overrides `sample_percent` at run time (the admin layer: `POST /runtime_modify`).
+# Overrides `sample_percent` at run time, in parts per million (Envoy reads it as the
+# sampled numerator; the admin layer: `POST /runtime_modify`).
 SAMPLE_RUNTIME_KEY = "llm.access_log.sample"
 # The tenant, when a header names it (request_log).
 TENANT_FIELD = "tenant"
