@@ -159,8 +159,10 @@ def test_sglang_policies_route_as_they_say_on_scenario_c(tmp_path: Path) -> None
     assert cache_aware["prefix_cache_hit_rate"] > rr["prefix_cache_hit_rate"] + 0.1
     # power_of_two spreads: no pod far above the mean, and groups are not kept at home. A
     # quick run ends before its first load poll (30 s), so it picks at random here; what it
-    # does with the polled loads is the test above.
-    assert power["group_homes"]["requests_max_over_mean"] < 1.25, power["group_homes"]
+    # does with the polled loads is the test above. Random picks over ~240 requests put
+    # 1.31x the mean on one pod in a CI run: the bound is loose, a policy that keeps
+    # groups at home (off_home_requests, below) is what it must not be.
+    assert power["group_homes"]["requests_max_over_mean"] < 1.5, power["group_homes"]
     assert (
         power["group_homes"]["off_home_requests"] > 0.5 * rr["group_homes"]["off_home_requests"]
     ), (power["group_homes"], rr["group_homes"])
