@@ -55,6 +55,7 @@ __all__ = [
     "RewriteTarget",
     "RoutingConfig",
     "ScorerWeights",
+    "TENANT_BANDS",
     "TenantConfig",
     "TenantsConfig",
     "UpdatesConfig",
@@ -73,6 +74,8 @@ ModelName = Annotated[str, Field(min_length=1, max_length=256)]
 # Flow-control bands, most important first.
 Band = Literal["critical", "standard", "sheddable"]
 BANDS: tuple[Band, ...] = ("critical", "standard", "sheddable")
+# The bands whose budget weighted tenants share (Critical is not limited).
+TENANT_BANDS: tuple[Band, ...] = ("standard", "sheddable")
 # The clusters of a pool, by the requests they carry: "pool" (the pool's own, weighted),
 # "session" (session-keyed, consistent hashing: `session_affinity`) and "long" (long
 # prompts, weighted, counted apart: `balancing.long_prompt_bytes`).
@@ -611,11 +614,12 @@ class ModelBands(_Strict):
 
 
 class TenantConfig(_Strict):
-    """One named tenant: its weight (for fair shares of a band, not yet enforced:
-    docs/flow-control.md) and its request rate limit, enforced by Envoy's local rate
-    limit filter."""
+    """One named tenant: its weight, for its fair share of each band's budget (with flow
+    control: a lane of its own per pool and band, docs/flow-control.md "Tenants"), and its
+    request rate limit, enforced by Envoy's local rate limit filter."""
 
-    weight: Annotated[float, Field(gt=0, le=1000)] = 1.0
+    # None: no lane of its own (its requests share the band's lane with everyone else's).
+    weight: Annotated[float, Field(gt=0, le=1000)] | None = None
     # Requests per second this tenant may send over the fleet's Envoys, each holding an even
     # part (with flow control; without, through each Envoy). None: no limit.
     requests_per_s: Annotated[float, Field(gt=0, le=1_000_000)] | None = None
@@ -645,6 +649,15 @@ class TenantsConfig(_Strict):
     def named_by(self) -> bool:
         """Whether requests name their tenant (a header or a body field)."""
         return self.header is not None or self.body_field is not None
+
+    def weighted(self) -> dict[str, float]:
+        """The weight of each tenant that has one, by name (sorted): the tenants with lanes
+        of their own."""
+        return {
+            name: tenant.weight
+            for name, tenant in sorted(self.named.items())
+            if tenant.weight is not None
+        }
 
     def rate_limited(self) -> dict[str, float]:
         """The request rate of each tenant that has one, by name (sorted)."""

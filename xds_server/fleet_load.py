@@ -64,6 +64,16 @@ def _lanes(config: RoutingConfig, pool: PoolConfig) -> tuple[dict[Band, list[str
     return bands, list(names.long_prompt_clusters(config, pool))
 
 
+def _tenant_lanes(config: RoutingConfig) -> set[str]:
+    """Every weighted tenant's clusters of every pool."""
+    return {
+        cluster
+        for pool in config.pools
+        for lanes in names.tenant_clusters(config, pool).values()
+        for cluster in lanes.values()
+    }
+
+
 class EnvoyLoad:
     """The controller's LoadSource (and telemetry's BandTotalsSource): what every Envoy of
     the fleet reports over LRS, and the long prompts they log while those prefill (ALS).
@@ -120,6 +130,7 @@ class EnvoyLoad:
             bands, long = _lanes(config, pool)
             long_prompt.update(long)
             wanted.update(long, *bands.values())
+        wanted |= _tenant_lanes(config)
         prefilling: dict[str, dict[str, dict[str, int]]] = {n: {} for n in self._prompts.nodes()}
         for cluster in sorted(long_prompt):
             for node_id, counts in self._prompts.prefilling_by_node(cluster).items():
@@ -200,7 +211,9 @@ class EnvoyLoad:
         for pool in config.pools:
             bands, long = _lanes(config, pool)
             pools[pool.name] = PoolLoad(
-                bands=_band_load(bands, envoys, config.lanes(pool))
+                bands=_band_load(
+                    bands, envoys, config.lanes(pool), names.tenant_clusters(config, pool)
+                )
                 if bands
                 else BandLoad(in_flight={}),
                 long_prompts=_long_prompts(long, envoys),
@@ -217,14 +230,29 @@ class EnvoyLoad:
         self, config: RoutingConfig | None, decision: Decision, *, node: str | None = None
     ) -> dict[str, object]:
         """For /debug/nodes: the budget held back for unseen replicas, each pool's
-        fleet-wide budgets, and every Envoy counted (only `node`, when given: at 500 Envoys
-        and 100 pools the whole list is 24 MB), where it was heard of, its demand and its
-        limits per pool and band."""
+        fleet-wide budgets (and its weighted tenants' parts), and every Envoy counted (only
+        `node`, when given: at 500 Envoys and 100 pools the whole list is 24 MB), where it
+        was heard of, its demand and its limits per pool and band (and per weighted
+        tenant)."""
         admissions = decision.admissions
         return {
             "reserved": self._peers.reserved() if self._peers is not None else 0.0,
             "budgets": {
-                pool: {"budget": dict(a.budget), "in_flight": dict(a.in_flight)}
+                pool: {
+                    "budget": dict(a.budget),
+                    "in_flight": dict(a.in_flight),
+                    # Weighted tenants: each band's lanes' parts and requests in flight.
+                    **(
+                        {
+                            "tenants": {
+                                band: {"parts": dict(t.parts), "in_flight": dict(t.in_flight)}
+                                for band, t in a.tenants.items()
+                            }
+                        }
+                        if a.tenants
+                        else {}
+                    ),
+                }
                 for pool, a in sorted(admissions.items())
             },
             "envoys": [
@@ -233,6 +261,14 @@ class EnvoyLoad:
                     "heard_from": source,
                     "reports_load": envoy.reports_load,
                     "limits": {pool: dict(a.limits_of(node_id)) for pool, a in admissions.items()},
+                    "tenant_limits": {
+                        pool: {
+                            band: {t: a.tenant_limit(node_id, band, t) for t in split.floor}
+                            for band, split in a.tenants.items()
+                        }
+                        for pool, a in admissions.items()
+                        if a.tenants
+                    },
                     "demand": {
                         pool: {
                             band: {"in_flight": d.in_flight, "arrivals_per_s": d.arrivals_per_s}
@@ -253,12 +289,26 @@ class EnvoyLoad:
         totals = {}
         for pool in config.pools:
             clusters = names.band_clusters(config, pool)
+            tenants = names.tenant_clusters(config, pool)
             for band in BANDS:
+                lanes = [*clusters[band], *tenants.get(band, {}).values()]
                 totals[(pool.name, band)] = BandTotals(
-                    admitted=self._reports.admitted(clusters[band]),
-                    refused=self._reports.refused(clusters[band]),
+                    admitted=self._reports.admitted(lanes), refused=self._reports.refused(lanes)
                 )
         return totals
+
+    def tenant_totals(self, config: RoutingConfig) -> dict[tuple[str, Band, str], BandTotals]:
+        """Admitted and refused requests per (pool, band, weighted tenant) of `config`, by
+        this replica's Envoys since it started (the tenant's lane)."""
+        return {
+            (pool.name, band, tenant): BandTotals(
+                admitted=self._reports.admitted([cluster]),
+                refused=self._reports.refused([cluster]),
+            )
+            for pool in config.pools
+            for band, lanes in names.tenant_clusters(config, pool).items()
+            for tenant, cluster in lanes.items()
+        }
 
 
 def _demand(loads: Iterable[ClusterReport]) -> EnvoyDemand:
@@ -272,11 +322,15 @@ def _demand(loads: Iterable[ClusterReport]) -> EnvoyDemand:
 
 
 def _band_load(
-    clusters: Mapping[Band, list[str]], envoys: Iterable[EnvoyReport], lanes: Sequence[str]
+    clusters: Mapping[Band, list[str]],
+    envoys: Iterable[EnvoyReport],
+    lanes: Sequence[str],
+    tenants: Mapping[Band, Mapping[str, str]],
 ) -> BandLoad:
-    """In-flight requests per band (summed over the band's clusters, one per lane, and
-    every Envoy), the completions per second of all of them together, and each Envoy's
-    demand per band (and per lane, with several).
+    """In-flight requests per band (summed over the band's clusters, one per lane and one
+    per weighted tenant, and every Envoy), the completions per second of all of them
+    together, and each Envoy's demand per band (and per lane, with several; and per
+    tenant, the tenants' lanes apart from the band's shared ones).
 
     An Envoy that reports nothing of the pool (ADS only so far, or no traffic) shares one
     record of no demand: at fleet size most Envoys carry no traffic of most pools, and
@@ -287,8 +341,10 @@ def _band_load(
     idle: dict[Band, EnvoyDemand] = dict.fromkeys(clusters, _NO_DEMAND)
     idle_lanes = {band: dict.fromkeys(lanes, _NO_DEMAND) for band in clusters}
     pool_clusters = [c for names_of_band in clusters.values() for c in names_of_band]
+    pool_clusters += [c for lanes_of_band in tenants.values() for c in lanes_of_band.values()]
     by_envoy: dict[str, dict[Band, EnvoyDemand]] = {}
     by_lane: dict[str, dict[Band, dict[str, EnvoyDemand]]] = {}
+    by_tenant: dict[str, dict[Band, dict[str, EnvoyDemand]]] = {}
     for envoy in envoys:
         reported = envoy.clusters
         if not reported or not any(c in reported for c in pool_clusters):
@@ -308,6 +364,14 @@ def _band_load(
                     lane: _demand([reported[c]] if c in reported else [])
                     for lane, c in zip(lanes, names_of_band, strict=True)
                 }
+        for band, lanes_of_band in tenants.items():
+            loads_of = {t: reported[c] for t, c in lanes_of_band.items() if c in reported}
+            in_flight[band] += sum(load.in_progress for load in loads_of.values())
+            issued[band] += sum(load.issued_per_s for load in loads_of.values())
+            completions += sum(load.successful_per_s for load in loads_of.values())
+            by_tenant.setdefault(envoy.node_id, {})[band] = {
+                t: _demand([load]) for t, load in loads_of.items()
+            }
         by_envoy[envoy.node_id] = demands
     return BandLoad(
         in_flight=in_flight,
@@ -315,6 +379,7 @@ def _band_load(
         issued_per_s=issued,
         by_envoy=by_envoy,
         lanes_by_envoy=by_lane,
+        tenants_by_envoy=by_tenant,
     )
 
 

@@ -26,7 +26,7 @@ from xds_server import envoy
 from xds_server.config import BANDS, Band, PoolConfig, RoutingConfig
 from xds_server.envoy import names
 from xds_server.envoy.routes import retry_after_of
-from xds_server.envoy.runtime import admission_layer, max_requests_key
+from xds_server.envoy.runtime import admission_layer, max_requests_key, pool_admission_layer
 from xds_server.errors import InconsistentSnapshotError
 from xds_server.policy.admission import PoolAdmission
 from xds_server.policy.decision import Decision
@@ -273,6 +273,15 @@ def _envoy_keys(config: RoutingConfig, pool: PoolConfig, admission: PoolAdmissio
     floor = {key: admission.lane_limit(None, band, lane) for band, lane, key in entries}
     shared: dict[tuple[int, ...], Mapping[str, int]] = {}
     keys: dict[str, Mapping[str, int]] = {}
+    if admission.tenants:
+        # Weighted tenants' lanes: a layer per Envoy (their list is bounded).
+        unnamed = pool_admission_layer(config, pool, admission, None)
+        for node_id in admission.by_envoy:
+            layer = pool_admission_layer(config, pool, admission, node_id)
+            own_keys = {key: value for key, value in layer.items() if unnamed[key] != value}
+            if own_keys:
+                keys[node_id] = own_keys
+        return keys
     for node_id, limits in admission.by_envoy.items():
         own: Mapping[str, int] | None
         if node_id in admission.by_lane:

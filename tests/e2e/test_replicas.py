@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -22,6 +22,8 @@ from xds_testbed.backends import ExampleBackend
 from xds_testbed.bootstraps import failover_bootstrap
 from xds_testbed.envoy_process import EnvoyProcess
 from xds_testbed.server_process import ServerProcess
+
+_T = TypeVar("_T")
 
 POOL_LIMIT = 6
 ENVOYS = ("envoy-1", "envoy-2", "envoy-3")
@@ -62,9 +64,9 @@ class Traffic:
 
 
 @contextlib.asynccontextmanager
-async def _sampling(probe: Callable[[], int]) -> AsyncIterator[list[int]]:
+async def _sampling(probe: Callable[[], _T]) -> AsyncIterator[list[_T]]:
     """Sample `probe()` every 50 ms while the block runs."""
-    samples: list[int] = []
+    samples: list[_T] = []
 
     async def sample() -> None:
         while True:

@@ -63,6 +63,14 @@ restart its counts. A request over the limit is refused before it reaches a mode
 requests and long prompts are admitted per band too, by their own clusters (neither a
 session key nor a long prompt is a way around the limit), so a band's budget spans a
 counter per lane.
+
+With weighted tenants (`flow_control.tenants.named.<tenant>.weight`), each of them also has
+a lane of its own in each limited band (config.TENANT_BANDS), names.tenant_cluster_name:
+a copy of the band's cluster in the pool's own lane (weighted least request; a tenant's
+requests are not hashed to a session nor put apart as long prompts), whose circuit
+breaker, set at runtime like the band's, is that tenant's fair share of the band
+(policy/tenant_shares.py). These grow as pools × 2 bands × weighted tenants: for a bounded
+list of tenants.
 """
 
 from __future__ import annotations
@@ -95,6 +103,7 @@ __all__ = [
     "build_cluster",
     "build_clusters",
     "build_session_cluster",
+    "build_tenant_clusters",
 ]
 
 LEAST_REQUEST_POLICY = "envoy.load_balancing_policies.least_request"
@@ -117,6 +126,23 @@ def build_clusters(config: RoutingConfig) -> list[_Any]:
         clusters += [_lane_cluster(config, pool, lane) for lane in config.lanes(pool)]
         if config.flow_control.enabled:
             clusters += build_band_clusters(config, pool)
+            clusters += build_tenant_clusters(config, pool)
+    return clusters
+
+
+def build_tenant_clusters(config: RoutingConfig, pool: PoolConfig) -> list[_Any]:
+    """The lanes of `pool`'s weighted tenants (module docstring): per band of
+    config.TENANT_BANDS and tenant (sorted), a copy of the band's cluster in the pool's own
+    lane under the tenant's name (names.tenant_cluster_name)."""
+    clusters = []
+    base = build_cluster(config, pool)
+    for lanes in names.tenant_clusters(config, pool).values():
+        for cluster_name in lanes.values():
+            cluster = cluster_pb2.Cluster()
+            cluster.CopyFrom(base)
+            cluster.name = cluster_name
+            cluster.circuit_breakers.CopyFrom(_band_circuit_breakers(config))
+            clusters.append(cluster)
     return clusters
 
 

@@ -47,7 +47,9 @@ full circuit breaker); 504
 `upstream_timeout` (UT); 404 `no_route` (NR); and `gateway_error`, with Envoy's own words
 and status, for any other flagged reply. `upstream_unavailable`, `retry_budget_exhausted` and
 `overloaded` say `retry-after: 1`. A tenant over its request rate (_tenant_limits.py) gets
-429 `tenant_rate_limit_exceeded` naming it and its limit (`_tenant_limited`). The band's 429 carries
+429 `tenant_rate_limit_exceeded` naming it and its limit (`_tenant_limited`); a weighted
+tenant whose lane (its fair share of the band) is full gets 429 `tenant_share_exceeded`
+naming it, the band and the pool (`_tenant_share_full`). The band's 429 carries
 `retry-after` and a message naming the band and the pool, both read from the matched
 route's metadata (`%METADATA(ROUTE:llm:retry_after_s)%`, routes.py): verified on Envoy 1.40,
 so Retry-After follows the policy through RDS without a listener update (which would drain
@@ -449,6 +451,7 @@ def _local_replies(config: RoutingConfig) -> _Any:
         _tenant_limited(tenants, tenant, rate) for tenant, rate in tenants.rate_limited().items()
     ]
     if config.flow_control.enabled:
+        mappers += [_tenant_share_full(tenants, tenant) for tenant in tenants.weighted()]
         mappers.append(_band_full())
     else:
         # The pool cluster's circuit breaker (config.upstream.max_requests) is full.
@@ -578,15 +581,47 @@ def _retry_after(value: str) -> _Any:
     )
 
 
+def _route_metadata(key: str) -> str:
+    """The command operator printing the route's metadata `llm:<key>`."""
+    return f"%METADATA(ROUTE:{names.METADATA_NAMESPACE}:{key})%"
+
+
+def _tenant_share_full(tenants: TenantsConfig, tenant: str) -> _Any:
+    """429 `tenant_share_exceeded` with Retry-After for a request of weighted `tenant`
+    that its lane's circuit breaker refused (flag UO): the tenant's fair share of the band
+    is full (routes.py sends all of its Standard and Sheddable requests to its lane; its
+    Critical ones are never refused). Told from a full band's 429 by the tenant (header or
+    `llm:tenant`), as the rate limit's is; band, pool and Retry-After from the route."""
+    band, pool = _route_metadata(names.BAND_KEY), _route_metadata(names.POOL_KEY)
+    wait = _route_metadata(names.RETRY_AFTER_KEY)
+    body = _error_bodies.error_format(
+        message=(
+            f"Tenant {tenant} has its full share of the {band} band of pool {pool} in"
+            f" flight; retry after {wait} s."
+        ),
+        code="tenant_share_exceeded",
+        param=None,
+        error_type=names.RATE_LIMIT_ERROR_TYPE,
+    )
+    overflow = accesslog_pb2.AccessLogFilter(
+        response_flag_filter=accesslog_pb2.ResponseFlagFilter(flags=["UO"])
+    )
+    named = _tenant_limits.is_tenant(tenants, tenant)
+    return hcm_pb2.ResponseMapper(
+        filter=accesslog_pb2.AccessLogFilter(
+            and_filter=accesslog_pb2.AndFilter(filters=[overflow, named])
+        ),
+        status_code=wrappers_pb2.UInt32Value(value=429),
+        headers_to_add=[_retry_after(wait)],
+        body_format_override=body,
+    )
+
+
 def _band_full() -> _Any:
     """429 with Retry-After for a request a band's circuit breaker refused (flag UO); the
     values come from the route's metadata (routes.py)."""
-
-    def route_metadata(key: str) -> str:
-        return f"%METADATA(ROUTE:{names.METADATA_NAMESPACE}:{key})%"
-
-    band, pool = route_metadata(names.BAND_KEY), route_metadata(names.POOL_KEY)
-    wait = route_metadata(names.RETRY_AFTER_KEY)
+    band, pool = _route_metadata(names.BAND_KEY), _route_metadata(names.POOL_KEY)
+    wait = _route_metadata(names.RETRY_AFTER_KEY)
     body = _error_bodies.error_format(
         message=f"The {band} band of pool {pool} is full; retry after {wait} s.",
         code="rate_limit_exceeded",

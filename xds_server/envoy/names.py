@@ -15,12 +15,15 @@ keep it whole (`cluster.<pool>/session.upstream_rq_total`; the Prometheus tag
 clusters on the same assignment too: `<pool>/<band>` and, with session affinity,
 `<pool>/session/<band>` (band_cluster_name). A GPU-aware pool's long prompts have a cluster
 of their own on the pool's assignment, `<pool>/long` (and `<pool>/long/<band>`), so that the
-load reports count them apart: each of these three kinds of cluster is a Lane.
+load reports count them apart: each of these three kinds of cluster is a Lane. A named
+tenant with a weight has a lane of its own in each limited band, `<pool>/<band>/t/<tenant>`
+(tenant_cluster_name): tenant names cannot hold `:` (config), and `/t/` follows a band,
+which no other cluster name has.
 """
 
 from __future__ import annotations
 
-from xds_server.config import BANDS, Band, Lane, PoolConfig, RoutingConfig
+from xds_server.config import BANDS, TENANT_BANDS, Band, Lane, PoolConfig, RoutingConfig
 
 __all__ = [
     "ADAPTER_KEY",
@@ -55,6 +58,7 @@ __all__ = [
     "SESSION_KEY",
     "SESSION_SOURCE_KEY",
     "SPILL_LISTENER_SUFFIX",
+    "TENANT_CLUSTER_INFIX",
     "TRANSPORT_SOCKET_MATCH",
     "UNROUTED_CLUSTER",
     "VIRTUAL_HOST_NAME",
@@ -68,6 +72,8 @@ __all__ = [
     "session_cluster_name",
     "session_eds_service_name",
     "spill_listener_name",
+    "tenant_cluster_name",
+    "tenant_clusters",
 ]
 
 # The one listener that accepts OpenAI-style traffic, and its connection manager's stats
@@ -155,6 +161,10 @@ RETRY_AFTER_KEY = "retry_after_s"
 ADAPTER_KEY = "adapter"
 SESSION_SOURCE_KEY = "session_key_from"
 
+# Fair shares (docs/flow-control.md "Tenants"): what joins a band's cluster to a tenant
+# (config.TENANT_BANDS are the bands with tenant lanes).
+TENANT_CLUSTER_INFIX = "/t/"
+
 # The static cluster in the bootstrap that points at this xDS server.
 XDS_CLUSTER = "xds_cluster"
 
@@ -223,3 +233,21 @@ def long_prompt_clusters(config: RoutingConfig, pool: PoolConfig) -> list[str]:
     if config.flow_control.enabled:
         return [band_cluster_name(pool.name, band, "long") for band in BANDS]
     return [lane_cluster_name(pool.name, "long")]
+
+
+def tenant_cluster_name(pool: str, band: Band, tenant: str) -> str:
+    """The Cluster that admits `tenant`'s requests of `pool`'s `band` (its fair share):
+    `<pool>/<band>/t/<tenant>`, a copy of the band's cluster in the pool's own lane."""
+    return f"{band_cluster_name(pool, band)}{TENANT_CLUSTER_INFIX}{tenant}"
+
+
+def tenant_clusters(config: RoutingConfig, pool: PoolConfig) -> dict[Band, dict[str, str]]:
+    """Per band of TENANT_BANDS, the lane of each weighted tenant by name (none without
+    flow control or weighted tenants)."""
+    tenants = config.flow_control.tenants.weighted()
+    if not config.flow_control.enabled or not tenants:
+        return {}
+    return {
+        band: {tenant: tenant_cluster_name(pool.name, band, tenant) for tenant in tenants}
+        for band in TENANT_BANDS
+    }

@@ -135,10 +135,18 @@ way, to the band's session or long-prompt cluster. Each band route carries route
 A split's `retry_after_s` is the largest of its target pools' (the client waits for the
 slowest rather than retrying too soon), and its `pool` lists them.
 
+With weighted tenants (`flow_control.tenants.named.<tenant>.weight`), each group of a
+Standard or Sheddable band's routes is preceded by each tenant's variants of its routes to
+the pool's own lane (`<name>/t/<tenant>`: the same match and the tenant's header or
+`llm:tenant`), to the tenant's lane `<pool>/<band>/t/<tenant>` (_route_tenants.py), with
+`tenant` added to the route metadata. The routes grow by one or two (with a streamed twin)
+per weighted tenant for each group.
+
 **Where the parts are.** This module composes the table (build_routes) and the spill
 listeners' routes; the routes are built in _route_matches (which requests a route takes),
 _route_answers (the routes Envoy answers itself: 0, 2', 3-9), _route_to_pools (routes 1 and 2:
-lanes, streamed twins, splits, retries) and _route_bands (flow control).
+lanes, streamed twins, splits, retries), _route_bands (flow control) and _route_tenants
+(weighted tenants' lanes).
 """
 
 from __future__ import annotations
@@ -163,6 +171,7 @@ from xds_server.envoy._route_answers import (
 )
 from xds_server.envoy._route_bands import RetryAfter, add_band, classified, retry_after_of
 from xds_server.envoy._route_matches import by_model, group_name
+from xds_server.envoy._route_tenants import with_tenants
 from xds_server.envoy._route_to_pools import (
     MAX_SESSION_KEY_CHARS,
     PREVIOUS_HOSTS_PREDICATE,
@@ -338,7 +347,7 @@ def _split_routes(config: RoutingConfig, kind: str, waits: RetryAfter) -> Iterat
                     # The client waits for the slowest pool rather than retrying too soon.
                     wait = max(waits.of(pool, band) for pool in pools)
                     add_band(route, band, " or ".join(pools), wait)
-                yield route
+                yield from with_tenants(config, band, [route])
 
 
 def _served_routes(
@@ -357,7 +366,7 @@ def _served_routes(
                     route.name = group_name(route.name + suffix, index)
                     if band is not None:
                         add_band(route, band, pool.name, waits.of(pool.name, band))
-                    yield route
+                yield from with_tenants(config, band, routes)
 
 
 def _bands(

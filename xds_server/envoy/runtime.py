@@ -38,7 +38,8 @@ def admission_layer(
     """The runtime keys that enforce each pool's admission at Envoy `node_id` (None: at an
     Envoy the admission does not name, which gets the floor): every band cluster of the
     pool (one per lane, names.band_clusters) gets its lane's part of that Envoy's limit for
-    the band. Pools of `admissions` that the config does not have are ignored."""
+    the band, and every weighted tenant's cluster its part of the tenant's share. Pools of
+    `admissions` that the config does not have are ignored."""
     layer: dict[str, int] = {}
     for pool in config.pools:
         admission = admissions.get(pool.name)
@@ -52,11 +53,15 @@ def pool_admission_layer(
 ) -> dict[str, int]:
     """`admission_layer`'s keys for one pool."""
     clusters = names.band_clusters(config, pool)
-    return {
+    layer = {
         max_requests_key(cluster): admission.lane_limit(node_id, band, lane)
         for band in BANDS
         for lane, cluster in zip(config.lanes(pool), clusters[band], strict=True)
     }
+    for band, lanes in names.tenant_clusters(config, pool).items():
+        for tenant, cluster in lanes.items():
+            layer[max_requests_key(cluster)] = admission.tenant_limit(node_id, band, tenant)
+    return layer
 
 
 def build_runtime(layer: Mapping[str, float | int | str | bool]) -> list[rtds_pb2.Runtime]:

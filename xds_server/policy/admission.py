@@ -27,6 +27,10 @@ from the pods' metrics and the Envoys' load reports:
   kept out of the split, and an Envoy the decision does not know yet (it just connected)
   enforces the floor until the next decision names it (at once: a new ADS stream is
   decided on without delay).
+- **tenants' fair shares**: with weighted tenants, each limited band's budget is split
+  over its lanes by weight first (tenant_shares.py: one lane per weighted tenant and the
+  shared lane for everyone else's requests), and each lane's part over the Envoys by their
+  demand of that lane, so the band's budget holds over all its lanes together.
 - **Retry-After**: the expected time until the band has a free place: the requests ahead
   of it beyond capacity, plus one, over the pool's completion rate; bounded by
   `retry_after_min_s` and `retry_after_max_s` and rounded up to a coarse ladder so the
@@ -40,8 +44,9 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from xds_server.config import BANDS, Band, FlowControlConfig
+from xds_server.config import BANDS, TENANT_BANDS, Band, FlowControlConfig
 from xds_server.policy.shares import EnvoyDemand, split_budget
+from xds_server.policy.tenant_shares import SHARED_LANE, LaneDemand, split_band
 from xds_server.tuning import RETRY_AFTER_LADDER_S, UNLIMITED, Tuning
 
 __all__ = [
@@ -49,6 +54,7 @@ __all__ = [
     "PodCapacity",
     "PodsHeld",
     "PoolAdmission",
+    "TenantAdmission",
     "admit",
     "nominal_concurrency",
     "plausible_load",
@@ -85,6 +91,26 @@ class BandLoad:
     lanes_by_envoy: Mapping[str, Mapping[Band, Mapping[str, EnvoyDemand]]] = field(
         default_factory=dict
     )
+    # Per Envoy and band (of TENANT_BANDS), the demand of each weighted tenant's lane; with
+    # weighted tenants, `by_envoy` and `lanes_by_envoy` are the shared lanes' alone, and
+    # `in_flight` and `issued_per_s` count every lane.
+    tenants_by_envoy: Mapping[str, Mapping[Band, Mapping[str, EnvoyDemand]]] = field(
+        default_factory=dict
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantAdmission:
+    """One band's split over its lanes (tenant_shares.py): by lane (tenant name, or
+    SHARED_LANE), its requests in flight over the fleet, its fleet-wide limit, and what
+    each Envoy enforces of it."""
+
+    in_flight: Mapping[str, int]
+    parts: Mapping[str, int]
+    # By node id, then tenant (the shared lane's part is the Envoy's band limit).
+    by_envoy: Mapping[str, Mapping[str, int]]
+    # What an Envoy not in `by_envoy` enforces for each tenant: the floor.
+    floor: Mapping[str, int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +134,18 @@ class PoolAdmission:
     clipped: Mapping[str, int] = field(default_factory=dict)
     # Each known Envoy's band limit split over the band's lanes, when it has several.
     by_lane: Mapping[str, Mapping[Band, Mapping[str, int]]] = field(default_factory=dict)
+    # With weighted tenants: each band's (of TENANT_BANDS) split over its lanes.
+    tenants: Mapping[Band, TenantAdmission] = field(default_factory=dict)
+
+    def tenant_limit(self, node_id: str | None, band: Band, tenant: str) -> int:
+        """What `tenant`'s lane of `band` admits at Envoy `node_id` (None: one not named
+        yet); 0 for a tenant this admission has no part for."""
+        split = self.tenants.get(band)
+        if split is None:
+            return 0
+        if node_id is not None and node_id in split.by_envoy:
+            return split.by_envoy[node_id].get(tenant, 0)
+        return split.floor.get(tenant, 0)
 
     def limits_of(self, node_id: str) -> Mapping[Band, int]:
         """The limits Envoy `node_id` enforces."""
@@ -186,12 +224,19 @@ def admit(
     max_requests: dict[Band, int] = {"critical": UNLIMITED}
     by_envoy: dict[str, dict[Band, int]] = {node: {"critical": UNLIMITED} for node in load.by_envoy}
     retry_after: dict[Band, int] = {}
+    tenants: dict[Band, TenantAdmission] = {}
     for band in BANDS:
         if band != "critical":
             budget[band] = math.ceil(max(0.0, budgets[band]))
             seen = math.floor(budget[band] * (1 - min(1.0, max(0.0, reserved))))
             max_requests[band] = min(settings.envoy_floor, seen)
             demands = {node: bands.get(band, _NO_DEMAND) for node, bands in load.by_envoy.items()}
+            weights = settings.tenants.weighted()
+            if weights and band in TENANT_BANDS:
+                tenants[band] = _tenant_split(
+                    seen, band, demands, load, weights, settings=settings, horizon_s=horizon_s
+                )
+                seen = tenants[band].parts[SHARED_LANE]
             limits = split_budget(seen, demands, floor=settings.envoy_floor, horizon_s=horizon_s)
             for node, limit in limits.items():
                 by_envoy[node][band] = limit
@@ -224,6 +269,53 @@ def admit(
         retry_after_s=retry_after,
         in_flight=in_flight,
         clipped=clipped,
+        tenants=tenants,
+    )
+
+
+def _tenant_split(
+    budget: int,
+    band: Band,
+    shared: Mapping[str, EnvoyDemand],
+    load: BandLoad,
+    weights: Mapping[str, float],
+    *,
+    settings: FlowControlConfig,
+    horizon_s: float,
+) -> TenantAdmission:
+    """`band`'s `budget` split over its lanes by weight (tenant_shares.py), and each
+    tenant's part over the Envoys by their demand of it (the shared lane's part is split
+    by the caller, as a band's budget is without tenants). `shared` is each Envoy's
+    demand of the shared lane. Every lane's floor over the fleet is one Envoy floor per
+    Envoy, so that each Envoy can start a lane's first request at once."""
+    per_tenant: dict[str, dict[str, EnvoyDemand]] = {tenant: {} for tenant in weights}
+    for node in load.by_envoy:
+        lanes = load.tenants_by_envoy.get(node, {}).get(band, {})
+        for tenant in weights:
+            per_tenant[tenant][node] = lanes.get(tenant, _NO_DEMAND)
+    lanes_of = {SHARED_LANE: shared, **per_tenant}
+    demand = {
+        lane: LaneDemand(
+            weight=weights.get(lane, 1.0),
+            in_flight=sum(max(0, d.in_flight) for d in envoys.values()),
+            arrivals_per_s=sum(max(0.0, d.arrivals_per_s) for d in envoys.values()),
+        )
+        for lane, envoys in lanes_of.items()
+    }
+    fleet_floor = settings.envoy_floor * max(1, len(load.by_envoy))
+    parts = split_band(budget, demand, floor=fleet_floor, horizon_s=horizon_s)
+    by_envoy: dict[str, dict[str, int]] = {node: {} for node in load.by_envoy}
+    for tenant, envoys in per_tenant.items():
+        limits = split_budget(
+            parts[tenant], envoys, floor=settings.envoy_floor, horizon_s=horizon_s
+        )
+        for node, limit in limits.items():
+            by_envoy[node][tenant] = limit
+    return TenantAdmission(
+        in_flight={lane: d.in_flight for lane, d in demand.items()},
+        parts=parts,
+        by_envoy=by_envoy,
+        floor={tenant: min(settings.envoy_floor, parts[tenant]) for tenant in weights},
     )
 
 

@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["EnvoyDemand", "apportion", "split_budget"]
+__all__ = ["EnvoyDemand", "apportion", "held_limits", "split_budget"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,11 +105,22 @@ def _split(
     slack = max(0.0, rest - sum(demand.values())) / len(envoys)
     weights = {node: d + slack for node, d in demand.items()}
     targets = {node: base + part for node, part in apportion(rest, weights).items()}
-    held = {node: max(0, d.in_flight) for node, d in envoys.items()}
+    held = {node: d.in_flight for node, d in envoys.items()}
+    return held_limits(budget, targets, held, base=base)
+
+
+def held_limits(
+    budget: int, targets: Mapping[str, int], held: Mapping[str, int], *, base: int
+) -> dict[str, int]:
+    """The limits of parts of `budget` whose `targets` moved while each part holds `held`
+    (module docstring): a part above its target is held at it; a part below gets what it
+    holds plus the free places (the budget less all held) in proportion to how far below
+    its target it is; at least `base` each."""
+    held = {key: max(0, held.get(key, 0)) for key in targets}
     free = budget - sum(held.values())
-    deficits = {node: targets[node] - held[node] for node in envoys if held[node] < targets[node]}
-    limits = {node: min(targets[node], held[node]) for node in envoys}
+    deficits = {key: targets[key] - held[key] for key in targets if held[key] < targets[key]}
+    limits = {key: min(targets[key], held[key]) for key in targets}
     if free > 0 and deficits:
-        for node, extra in apportion(free, deficits).items():
-            limits[node] = held[node] + min(extra, deficits[node])
-    return {node: max(limit, base) for node, limit in limits.items()}
+        for key, extra in apportion(free, deficits).items():
+            limits[key] = held[key] + min(extra, deficits[key])
+    return {key: max(limit, base) for key, limit in limits.items()}

@@ -5,6 +5,12 @@ flight (over the fleet) are what the policy last decided from (`Decision.admissi
 and refused requests are what this replica's Envoys reported over LRS, by pool and band.
 A collector, like pods.py, so that pools, bands and Envoys that go away leave no stale
 series behind.
+
+With weighted tenants, xds_tenant_* say the same per pool, band and tenant lane (`*`: the
+band's shared lane, the requests of no weighted tenant): its part of the band's budget,
+its requests in flight over the fleet, and what this replica's Envoys admitted and refused
+on it (a weighted tenant's refusals are its 429 `tenant_share_exceeded`). Their number is
+pools × 2 bands × (weighted tenants + 1), bounded as the tenants' lanes are.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from xds_server.config import BANDS, Band, RoutingConfig
+from xds_server.policy.admission import PoolAdmission
 from xds_server.policy.decision import Decision
 
 __all__ = ["BandCollector", "BandTotals", "BandTotalsSource", "DecisionView"]
@@ -42,9 +49,14 @@ class BandTotals:
 
 
 class BandTotalsSource(Protocol):
-    """Admitted and refused requests per (pool, band) of `config`."""
+    """Admitted and refused requests per (pool, band) of `config`, and per (pool, band,
+    weighted tenant)."""
 
     def band_totals(self, config: RoutingConfig) -> Mapping[tuple[str, Band], BandTotals]: ...
+
+    def tenant_totals(
+        self, config: RoutingConfig
+    ) -> Mapping[tuple[str, Band, str], BandTotals]: ...
 
 
 class BandCollector(Collector):
@@ -117,6 +129,7 @@ class BandCollector(Collector):
             if self._totals is not None and config is not None
             else {}
         )
+        yield from self._tenants(config, admissions)
         for name in sorted(admissions):
             admission = admissions[name]
             capacity.add_metric([name], admission.capacity)
@@ -146,3 +159,43 @@ class BandCollector(Collector):
             refused,
             capacity,
         )
+
+    def _tenants(
+        self, config: RoutingConfig | None, admissions: Mapping[str, PoolAdmission]
+    ) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """xds_tenant_*: each lane's part, in flight, admitted and refused (module
+        docstring)."""
+        labels = ["pool", "band", "tenant"]
+        share = GaugeMetricFamily(
+            "xds_tenant_share",
+            "Requests of the band the tenant's lane admits at once over the fleet: its fair"
+            " share of the band's budget by weight, held at it while it drains (tenant *:"
+            " the shared lane).",
+            labels=labels,
+        )
+        in_flight = GaugeMetricFamily(
+            "xds_tenant_in_flight",
+            "Requests of the tenant's lane of the band in flight over every Envoy (LRS).",
+            labels=labels,
+        )
+        admitted = CounterMetricFamily(
+            "xds_tenant_admitted",
+            "Requests of the weighted tenant's lane Envoys sent to a pod (LRS).",
+            labels=labels,
+        )
+        refused = CounterMetricFamily(
+            "xds_tenant_refused",
+            "Requests of the weighted tenant Envoys refused with 429 tenant_share_exceeded"
+            " (its lane's circuit breaker, LRS).",
+            labels=labels,
+        )
+        for name in sorted(admissions):
+            for band, split in sorted(admissions[name].tenants.items()):
+                for tenant in sorted(split.parts):
+                    share.add_metric([name, band, tenant], split.parts[tenant])
+                    in_flight.add_metric([name, band, tenant], split.in_flight.get(tenant, 0))
+        if self._totals is not None and config is not None:
+            for (pool, band, tenant), counted in sorted(self._totals.tenant_totals(config).items()):
+                admitted.add_metric([pool, band, tenant], counted.admitted)
+                refused.add_metric([pool, band, tenant], counted.refused)
+        yield from (share, in_flight, admitted, refused)
