@@ -41,6 +41,15 @@ _ENV: Mapping[str, str] = {
     "OMP_NUM_THREADS": "1",
 }
 
+# float32, not bfloat16: with bfloat16 on a CPU with AMX, vLLM 0.32's CPU attention runs
+# its AMX kernel (cpu_attn_amx.hpp), which does not ask Linux for the AMX tile state
+# (arch_prctl ARCH_REQ_XCOMP_PERM) but relies on an earlier bfloat16 matmul having done
+# so. A fresh pod whose first request had a 2-token prompt did not have it, and its engine
+# worker died of SIGILL at the first tile instruction (`tilezero`; "exit code: -4"): 3 of
+# 3 fresh pods here, 0 of 2 with a chat prompt first, 0 of 2 with the permission asked at
+# interpreter start. In float32 vLLM's CPU attention takes its AVX-512 kernel: 0 of 3.
+_DTYPE = "float32"
+
 
 def vllm_version() -> str:
     """The installed vLLM's version; raises ImportError when vLLM is not installed."""
@@ -74,7 +83,7 @@ class VllmPod:
             "--model", str(self.model.model), "--served-model-name", MODEL,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--max-model-len", "256", "--max-num-seqs", str(MAX_NUM_SEQS),
-            "--enforce-eager", "--dtype", "bfloat16",
+            "--enforce-eager", "--dtype", _DTYPE,
             "--enable-lora", "--lora-modules", *adapters,
             "--max-loras", "1", "--max-lora-rank", str(LORA_RANK),
             "--disable-uvicorn-access-log",
