@@ -110,3 +110,31 @@ def test_a_peer_with_the_load_beats_a_peer_without() -> None:
     load = EnvoyLoad(LoadReports(telemetry), PrefillingPrompts(stale_s=1.0), peers=peers)
     [(source, envoy)] = load.envoys(CONFIG).values()
     assert source == "old" and envoy.clusters["pool/standard"].in_progress == 4
+
+
+def test_a_weighted_tenants_lane_counts_in_its_band_and_apart_from_the_shared_lane() -> None:
+    config = parse_config(
+        """
+        flow_control:
+          enabled: true
+          tenants: {header: x-tenant, named: {acme: {weight: 2}, other: {requests_per_s: 1}}}
+        pools:
+          - {name: pool, models: [m], gpu_aware: false, endpoints: [{address: 10.0.0.1, port: 80}]}
+        """
+    )
+    telemetry = Telemetry()
+    reports = LoadReports(telemetry)
+    reports.open(1, base_pb2.Node(id="e1"))
+    reports.report(
+        1,
+        [_stats("pool/standard", 2, issued=3, dropped=0), _stats("pool/standard/t/acme", 5, 4, 6)],
+    )
+    load = EnvoyLoad(reports, PrefillingPrompts(stale_s=1.0)).fleet_load(config)
+    bands = load.pools["pool"].bands
+    assert bands.in_flight["standard"] == 7
+    assert bands.by_envoy["e1"]["standard"].in_flight == 2
+    acme = bands.tenants_by_envoy["e1"]["standard"]["acme"]
+    assert (acme.in_flight, acme.arrivals_per_s) == (5, 10.0)
+    # Its lane goes to the peers too.
+    (envoy,) = EnvoyLoad(reports, PrefillingPrompts(stale_s=1.0)).local_report(config).envoys
+    assert "pool/standard/t/acme" in envoy.clusters

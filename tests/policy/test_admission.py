@@ -265,3 +265,23 @@ def test_two_liars_are_both_taken_down() -> None:
     load = _fleet({"a": 10, "b": 10, "x": 500, "y": 400}, dict.fromkeys("abxy", 0))
     _, clipped = plausible_load(load, held)
     assert clipped == {"x": 500, "y": 400}
+
+
+def test_a_liars_tenant_lanes_are_scaled_with_its_bands() -> None:
+    """A weighted tenant's lane is the Envoy's report too: counted against what the pods
+    hold, and scaled alike when not believed."""
+    held = PodsHeld(requests=20, pods=1)
+    load = BandLoad(
+        in_flight={"critical": 0, "standard": 410},
+        by_envoy={
+            "a": {"standard": EnvoyDemand(in_flight=10)},
+            "liar": {"standard": EnvoyDemand(in_flight=200)},
+        },
+        tenants_by_envoy={"liar": {"standard": {"t": EnvoyDemand(in_flight=200)}}},
+    )
+    believed, clipped = plausible_load(load, held)
+    # The pods hold 20; a says 10: the liar is believed for 10 of its 400, half per lane.
+    assert clipped == {"liar": 390}
+    assert believed.by_envoy["liar"]["standard"].in_flight == 5
+    assert believed.tenants_by_envoy["liar"]["standard"]["t"].in_flight == 5
+    assert believed.in_flight["standard"] == 20

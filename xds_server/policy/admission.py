@@ -348,6 +348,11 @@ def plausible_load(
     )
     totals = {
         node: sum(demand.in_flight for demand in bands.values())
+        + sum(
+            demand.in_flight
+            for tenants in load.tenants_by_envoy.get(node, {}).values()
+            for demand in tenants.values()
+        )
         for node, bands in load.by_envoy.items()
     }
     grand = sum(totals.values())
@@ -367,6 +372,7 @@ def plausible_load(
     in_flight = dict(load.in_flight)
     by_envoy = dict(load.by_envoy)
     by_lane = dict(load.lanes_by_envoy)
+    by_tenant = dict(load.tenants_by_envoy)
     for node in clipped:
         ratio = totals[node] / (totals[node] + clipped[node])
         bands = {band: _scaled(demand, ratio) for band, demand in load.by_envoy[node].items()}
@@ -375,6 +381,17 @@ def plausible_load(
                 load.by_envoy[node][band].in_flight - demand.in_flight
             )
         by_envoy[node] = bands
+        if node in by_tenant:
+            tenants = {
+                band: {tenant: _scaled(d, ratio) for tenant, d in lanes.items()}
+                for band, lanes in by_tenant[node].items()
+            }
+            for band, lanes in tenants.items():
+                in_flight[band] = in_flight.get(band, 0) - sum(
+                    by_tenant[node][band][tenant].in_flight - d.in_flight
+                    for tenant, d in lanes.items()
+                )
+            by_tenant[node] = tenants
         if node in by_lane:
             by_lane[node] = {
                 band: {lane: _scaled(d, ratio) for lane, d in lanes.items()}
@@ -386,6 +403,7 @@ def plausible_load(
         issued_per_s=load.issued_per_s,
         by_envoy=by_envoy,
         lanes_by_envoy=by_lane,
+        tenants_by_envoy=by_tenant,
     )
     return believed_load, clipped
 
