@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.conftest import ConfigFile, eventually, peered_replicas
 from tests.e2e.test_replicas import _metric, _sampling
+from xds_server.envoy import names
 from xds_testbed.backends import ExampleBackend
 from xds_testbed.server_process import ServerProcess
 
@@ -219,3 +220,61 @@ async def test_weighted_tenants_share_a_band_lend_an_idle_share_and_take_it_back
             assert tenants.in_flight[tenant] > 0
         for tenant in WEIGHTS:
             await tenants.stop(tenant)
+
+
+async def test_a_body_named_tenant_takes_its_lane_in_each_band_and_its_429_names_its_share(  # type: ignore[no-untyped-def]
+    backends, config_file, gateway_factory, http
+) -> None:
+    """With the tenant in the body's `user`: its requests take its own lane of the band
+    they are given (routes on `llm:tenant`), another user's take the band's shared lane,
+    and its lane's full circuit breaker answers 429 `tenant_share_exceeded` (the mapper
+    matches `llm:tenant`). The lane's limit is set here as the policy sets it, as its
+    runtime key, through Envoy's admin runtime layer."""
+    backend = await backends("llama-0")
+    config_file.write(
+        {"llama": (["llama"], [(backend, 1)])},
+        flow_control={
+            "enabled": True,
+            "tenants": {"body_field": "user", "named": {"acme": {"weight": 2}}},
+        },
+    )
+    gateway = await gateway_factory()
+    envoy = gateway.envoy
+
+    async def ask(user: str, band: str) -> tuple[int, dict[str, str], Any]:
+        body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "user": user}
+        headers = {"x-gateway-inference-band": band}
+        async with http.post(
+            f"{gateway.url}/v1/chat/completions", json=body, headers=headers
+        ) as response:
+            return response.status, dict(response.headers), await response.json(content_type=None)
+
+    async def served(cluster: str) -> int:
+        stats = await envoy.get_stats(r"^cluster\.llama/.*\.upstream_rq_total$")
+        return int(stats.get(f"cluster.{cluster}.upstream_rq_total", 0))
+
+    for band in ("standard", "sheddable"):
+        lane = names.tenant_cluster_name("llama", band, "acme")
+        before = await served(lane), await served(names.band_cluster_name("llama", band))
+        assert (await ask("acme", band))[0] == 200
+        assert (await ask("someone-else", band))[0] == 200
+        after = await served(lane), await served(names.band_cluster_name("llama", band))
+        assert (after[0] - before[0], after[1] - before[1]) == (1, 1), band
+    # Critical has no tenant lanes (it is never limited).
+    assert (await ask("acme", "critical"))[0] == 200
+
+    key = f"circuit_breakers.{names.tenant_cluster_name('llama', 'standard', 'acme')}"
+    async with http.post(
+        f"{envoy.admin_url}/runtime_modify", params={f"{key}.default.max_requests": "0"}
+    ) as response:
+        assert response.status == 200, await response.text()
+    status, headers, answer = await ask("acme", "standard")
+    assert status == 429, answer
+    assert answer["error"]["code"] == "tenant_share_exceeded"
+    assert answer["error"]["message"].startswith(
+        "Tenant acme has its full share of the standard band of pool llama in flight;"
+    )
+    assert int(headers["Retry-After"]) >= 1
+    # Another user is served from the shared lane meanwhile, and acme in Sheddable.
+    assert (await ask("someone-else", "standard"))[0] == 200
+    assert (await ask("acme", "sheddable"))[0] == 200
