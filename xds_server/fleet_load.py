@@ -21,6 +21,7 @@ controller) then tells "no new load" by identity.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from xds_server.config import BANDS, Band, PoolConfig, RoutingConfig
@@ -335,9 +336,7 @@ def _band_load(
     An Envoy that reports nothing of the pool (ADS only so far, or no traffic) shares one
     record of no demand: at fleet size most Envoys carry no traffic of most pools, and
     this runs for every pool and Envoy."""
-    in_flight = dict.fromkeys(clusters, 0)
-    issued = dict.fromkeys(clusters, 0.0)
-    completions = 0.0
+    sums = _Sums(in_flight=dict.fromkeys(clusters, 0), issued=dict.fromkeys(clusters, 0.0))
     idle: dict[Band, EnvoyDemand] = dict.fromkeys(clusters, _NO_DEMAND)
     idle_lanes = {band: dict.fromkeys(lanes, _NO_DEMAND) for band in clusters}
     pool_clusters = [c for names_of_band in clusters.values() for c in names_of_band]
@@ -354,33 +353,49 @@ def _band_load(
             continue
         demands: dict[Band, EnvoyDemand] = {}
         for band, names_of_band in clusters.items():
-            loads = [reported[c] for c in names_of_band if c in reported]
-            in_flight[band] += sum(load.in_progress for load in loads)
-            issued[band] += sum(load.issued_per_s for load in loads)
-            completions += sum(load.successful_per_s for load in loads)
-            demands[band] = _demand(loads)
+            demands[band] = sums.add(band, [reported[c] for c in names_of_band if c in reported])
             if len(lanes) > 1:
                 by_lane.setdefault(envoy.node_id, {})[band] = {
                     lane: _demand([reported[c]] if c in reported else [])
                     for lane, c in zip(lanes, names_of_band, strict=True)
                 }
-        for band, lanes_of_band in tenants.items():
-            loads_of = {t: reported[c] for t, c in lanes_of_band.items() if c in reported}
-            in_flight[band] += sum(load.in_progress for load in loads_of.values())
-            issued[band] += sum(load.issued_per_s for load in loads_of.values())
-            completions += sum(load.successful_per_s for load in loads_of.values())
-            by_tenant.setdefault(envoy.node_id, {})[band] = {
-                t: _demand([load]) for t, load in loads_of.items()
-            }
+        if tenants:
+            by_tenant[envoy.node_id] = sums.add_tenants(tenants, reported)
         by_envoy[envoy.node_id] = demands
     return BandLoad(
-        in_flight=in_flight,
-        completions_per_s=completions,
-        issued_per_s=issued,
+        in_flight=sums.in_flight,
+        completions_per_s=sums.completions,
+        issued_per_s=sums.issued,
         by_envoy=by_envoy,
         lanes_by_envoy=by_lane,
         tenants_by_envoy=by_tenant,
     )
+
+
+@dataclass
+class _Sums:
+    """A pool's load over the fleet, summed as the Envoys' reports are read."""
+
+    in_flight: dict[Band, int]
+    issued: dict[Band, float]
+    completions: float = 0.0
+
+    def add(self, band: Band, loads: list[ClusterReport]) -> EnvoyDemand:
+        """Count one Envoy's `loads` of `band`'s clusters; their demand."""
+        self.in_flight[band] += sum(load.in_progress for load in loads)
+        self.issued[band] += sum(load.issued_per_s for load in loads)
+        self.completions += sum(load.successful_per_s for load in loads)
+        return _demand(loads)
+
+    def add_tenants(
+        self, tenants: Mapping[Band, Mapping[str, str]], reported: Mapping[str, ClusterReport]
+    ) -> dict[Band, dict[str, EnvoyDemand]]:
+        """Count one Envoy's loads of the weighted tenants' lanes (`tenants`: band, then
+        tenant, to its cluster); each lane's demand."""
+        return {
+            band: {t: self.add(band, [reported[c]]) for t, c in lanes.items() if c in reported}
+            for band, lanes in tenants.items()
+        }
 
 
 def _long_prompts(clusters: list[str], envoys: Iterable[EnvoyReport]) -> dict[str, int]:

@@ -235,7 +235,10 @@ async def test_a_body_named_tenant_takes_its_lane_in_each_band_and_its_429_names
         {"llama": (["llama"], [(backend, 1)])},
         flow_control={
             "enabled": True,
-            "tenants": {"body_field": "user", "named": {"acme": {"weight": 2}}},
+            "tenants": {
+                "body_field": "user",
+                "named": {"acme": {"weight": 2}, "bob@example.com": {"weight": 1}},
+            },
         },
     )
     gateway = await gateway_factory()
@@ -260,6 +263,12 @@ async def test_a_body_named_tenant_takes_its_lane_in_each_band_and_its_429_names
         assert (await ask("someone-else", band))[0] == 200
         after = await served(lane), await served(names.band_cluster_name("llama", band))
         assert (after[0] - before[0], after[1] - before[1]) == (1, 1), band
+    # A name with `.` and `@` makes a valid lane (its Prometheus cluster tag is cut at the
+    # dot: docs/flow-control.md), its runtime key too.
+    dotted = names.tenant_cluster_name("llama", "standard", "bob@example.com")
+    before_dotted = await served(dotted)
+    assert (await ask("bob@example.com", "standard"))[0] == 200
+    assert await served(dotted) == before_dotted + 1
     # Critical has no tenant lanes (it is never limited).
     assert (await ask("acme", "critical"))[0] == 200
 
@@ -268,6 +277,12 @@ async def test_a_body_named_tenant_takes_its_lane_in_each_band_and_its_429_names
         f"{envoy.admin_url}/runtime_modify", params={f"{key}.default.max_requests": "0"}
     ) as response:
         assert response.status == 200, await response.text()
+    async with http.post(
+        f"{envoy.admin_url}/runtime_modify",
+        params={f"circuit_breakers.{dotted}.default.max_requests": "0"},
+    ) as response:
+        assert response.status == 200, await response.text()
+    assert (await ask("bob@example.com", "standard"))[0] == 429
     status, headers, answer = await ask("acme", "standard")
     assert status == 429, answer
     assert answer["error"]["code"] == "tenant_share_exceeded"

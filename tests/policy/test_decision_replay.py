@@ -9,7 +9,8 @@ change of behaviour on purpose re-records and says so in its commit; fields adde
 policy's outputs and memory since the recording (`ADDED_SINCE`) are left out of the
 comparison: the key homes (homes.py) move a ring weight only after a window of decisions,
 so a decision replayed alone, from a recorded memory without them, keeps the capacity's;
-affinity (affinity.py) is suspended only after a streak of decisions, so it sticks.
+affinity (affinity.py) is suspended only after a streak of decisions, so it sticks; an
+admission's `tenants` (weighted tenants' split of a band) is empty without them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from xds_server.policy.decision import decide
 RECORDS = Path(__file__).parent / "data" / "decisions.json.gz"
 # Output fields that did not exist when the decisions were recorded.
 ADDED_SINCE: frozenset[str] = frozenset(
-    {"reasons", "homes", "affinity", "keys_suspended", "failover"}
+    {"reasons", "homes", "affinity", "keys_suspended", "failover", "tenants"}
 )
 
 

@@ -346,15 +346,7 @@ def plausible_load(
     allowance = (
         held.requests * (1 + tuning.plausible_margin) + tuning.plausible_slack_per_pod * held.pods
     )
-    totals = {
-        node: sum(demand.in_flight for demand in bands.values())
-        + sum(
-            demand.in_flight
-            for tenants in load.tenants_by_envoy.get(node, {}).values()
-            for demand in tenants.values()
-        )
-        for node, bands in load.by_envoy.items()
-    }
+    totals = {node: _reported(load, node) for node in load.by_envoy}
     grand = sum(totals.values())
     clipped: dict[str, int] = {}
     for node in sorted(totals, key=lambda n: (-totals[n], n)):
@@ -369,6 +361,19 @@ def plausible_load(
         totals[node] = believed
     if not clipped:
         return load, {}
+    return _believed(load, clipped, totals), clipped
+
+
+def _reported(load: BandLoad, node: str) -> int:
+    """The requests Envoy `node` reports in flight on the pool: every band and lane."""
+    tenants = load.tenants_by_envoy.get(node, {})
+    return sum(demand.in_flight for demand in load.by_envoy[node].values()) + sum(
+        demand.in_flight for lanes in tenants.values() for demand in lanes.values()
+    )
+
+
+def _believed(load: BandLoad, clipped: Mapping[str, int], totals: Mapping[str, int]) -> BandLoad:
+    """`load` with each `clipped` Envoy's report scaled down to its believed `totals`."""
     in_flight = dict(load.in_flight)
     by_envoy = dict(load.by_envoy)
     by_lane = dict(load.lanes_by_envoy)
@@ -397,7 +402,7 @@ def plausible_load(
                 band: {lane: _scaled(d, ratio) for lane, d in lanes.items()}
                 for band, lanes in by_lane[node].items()
             }
-    believed_load = BandLoad(
+    return BandLoad(
         in_flight=in_flight,
         completions_per_s=load.completions_per_s,
         issued_per_s=load.issued_per_s,
@@ -405,7 +410,6 @@ def plausible_load(
         lanes_by_envoy=by_lane,
         tenants_by_envoy=by_tenant,
     )
-    return believed_load, clipped
 
 
 def _scaled(demand: EnvoyDemand, ratio: float) -> EnvoyDemand:
