@@ -87,8 +87,8 @@ def vllm_fleet(
 @pytest.fixture
 def pods(vllm_fleet: list[VllmPod]) -> list[VllmPod]:
     """The session's pods, each running and healthy: a pod a test killed, or one whose
-    engine died (vLLM's CPU worker has died mid-run here, its API server left behind), is
-    started afresh."""
+    engine died leaving its API server behind (in bfloat16 vLLM's CPU worker did, see
+    `vllm_pods._DTYPE`), is started afresh."""
     dead = [pod for pod in vllm_fleet if not pod.healthy()]
     for pod in dead:
         pod.kill()
