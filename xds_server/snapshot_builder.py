@@ -26,9 +26,9 @@ from xds_server import envoy
 from xds_server.config import BANDS, Band, PoolConfig, RoutingConfig
 from xds_server.envoy import names
 from xds_server.envoy.routes import retry_after_of
-from xds_server.envoy.runtime import admission_layer, max_requests_key, pool_admission_layer
+from xds_server.envoy.runtime import admission_layer, max_requests_key
 from xds_server.errors import InconsistentSnapshotError
-from xds_server.policy.admission import PoolAdmission
+from xds_server.policy.admission import PoolAdmission, TenantAdmission
 from xds_server.policy.decision import Decision
 from xds_server.policy.failover import PoolFailover
 from xds_server.policy.state import PoolState
@@ -273,15 +273,6 @@ def _envoy_keys(config: RoutingConfig, pool: PoolConfig, admission: PoolAdmissio
     floor = {key: admission.lane_limit(None, band, lane) for band, lane, key in entries}
     shared: dict[tuple[int, ...], Mapping[str, int]] = {}
     keys: dict[str, Mapping[str, int]] = {}
-    if admission.tenants:
-        # Weighted tenants' lanes: a layer per Envoy (their list is bounded).
-        unnamed = pool_admission_layer(config, pool, admission, None)
-        for node_id in admission.by_envoy:
-            layer = pool_admission_layer(config, pool, admission, node_id)
-            own_keys = {key: value for key, value in layer.items() if unnamed[key] != value}
-            if own_keys:
-                keys[node_id] = own_keys
-        return keys
     for node_id, limits in admission.by_envoy.items():
         own: Mapping[str, int] | None
         if node_id in admission.by_lane:
@@ -296,4 +287,24 @@ def _envoy_keys(config: RoutingConfig, pool: PoolConfig, admission: PoolAdmissio
                 }
         if own:
             keys[node_id] = own
+    for band, lanes in names.tenant_clusters(config, pool).items():
+        split = admission.tenants.get(band)
+        if split is not None:
+            _add_tenant_keys(keys, lanes, split)
     return keys
+
+
+def _add_tenant_keys(
+    keys: dict[str, Mapping[str, int]], lanes: Mapping[str, str], split: TenantAdmission
+) -> None:
+    """Add to `keys` the runtime keys of one band's weighted tenants' lanes (`lanes`:
+    tenant to cluster) where an Envoy's limit is not the floor: only the Envoys that use a
+    lane hold more (admission._tenant_split)."""
+    for node_id, limits in split.by_envoy.items():
+        tenant_keys = {
+            max_requests_key(lanes[tenant]): limit
+            for tenant, limit in limits.items()
+            if limit != split.floor[tenant]
+        }
+        if tenant_keys:
+            keys[node_id] = {**keys.get(node_id, {}), **tenant_keys}

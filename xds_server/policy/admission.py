@@ -107,9 +107,10 @@ class TenantAdmission:
 
     in_flight: Mapping[str, int]
     parts: Mapping[str, int]
-    # By node id, then tenant (the shared lane's part is the Envoy's band limit).
+    # By node id, then tenant, the Envoys that use a tenant's lane (the shared lane's part
+    # is the Envoy's band limit).
     by_envoy: Mapping[str, Mapping[str, int]]
-    # What an Envoy not in `by_envoy` enforces for each tenant: the floor.
+    # What every other Envoy enforces for each tenant: the floor.
     floor: Mapping[str, int]
 
 
@@ -143,9 +144,8 @@ class PoolAdmission:
         split = self.tenants.get(band)
         if split is None:
             return 0
-        if node_id is not None and node_id in split.by_envoy:
-            return split.by_envoy[node_id].get(tenant, 0)
-        return split.floor.get(tenant, 0)
+        own = split.by_envoy.get(node_id, {}) if node_id is not None else {}
+        return own.get(tenant, split.floor.get(tenant, 0))
 
     def limits_of(self, node_id: str) -> Mapping[Band, int]:
         """The limits Envoy `node_id` enforces."""
@@ -287,35 +287,51 @@ def _tenant_split(
     tenant's part over the Envoys by their demand of it (the shared lane's part is split
     by the caller, as a band's budget is without tenants). `shared` is each Envoy's
     demand of the shared lane. Every lane's floor over the fleet is one Envoy floor per
-    Envoy, so that each Envoy can start a lane's first request at once."""
+    Envoy, so that each Envoy can start a lane's first request at once.
+
+    An Envoy with no demand of a tenant keeps only the floor of its lane (`floor`, what
+    an Envoy not named gets too), and the rest of the tenant's part goes to the Envoys
+    that use it: at fleet size most Envoys carry no traffic of most tenants, and this
+    keeps the split's work to those that do (a tenant whose clients come to a new Envoy
+    waits there for the next decision beyond the floor)."""
     per_tenant: dict[str, dict[str, EnvoyDemand]] = {tenant: {} for tenant in weights}
-    for node in load.by_envoy:
-        lanes = load.tenants_by_envoy.get(node, {}).get(band, {})
-        for tenant in weights:
-            per_tenant[tenant][node] = lanes.get(tenant, _NO_DEMAND)
-    lanes_of = {SHARED_LANE: shared, **per_tenant}
-    demand = {
-        lane: LaneDemand(
-            weight=weights.get(lane, 1.0),
+    for node, bands in load.tenants_by_envoy.items():
+        for tenant, demand in bands.get(band, {}).items():
+            used = demand.in_flight > 0 or demand.arrivals_per_s > 0
+            if used and tenant in per_tenant and node in load.by_envoy:
+                per_tenant[tenant][node] = demand
+    lanes = {
+        tenant: LaneDemand(
+            weight=weights[tenant],
             in_flight=sum(max(0, d.in_flight) for d in envoys.values()),
             arrivals_per_s=sum(max(0.0, d.arrivals_per_s) for d in envoys.values()),
         )
-        for lane, envoys in lanes_of.items()
+        for tenant, envoys in per_tenant.items()
     }
-    fleet_floor = settings.envoy_floor * max(1, len(load.by_envoy))
-    parts = split_band(budget, demand, floor=fleet_floor, horizon_s=horizon_s)
-    by_envoy: dict[str, dict[str, int]] = {node: {} for node in load.by_envoy}
+    lanes[SHARED_LANE] = LaneDemand(
+        weight=1.0,
+        in_flight=sum(max(0, d.in_flight) for d in shared.values()),
+        arrivals_per_s=sum(max(0.0, d.arrivals_per_s) for d in shared.values()),
+    )
+    fleet = max(1, len(load.by_envoy))
+    parts = split_band(budget, lanes, floor=settings.envoy_floor * fleet, horizon_s=horizon_s)
+    floor = {tenant: min(settings.envoy_floor, parts[tenant] // fleet) for tenant in weights}
+    by_envoy: dict[str, dict[str, int]] = {}
     for tenant, envoys in per_tenant.items():
+        idle = fleet - len(envoys)
         limits = split_budget(
-            parts[tenant], envoys, floor=settings.envoy_floor, horizon_s=horizon_s
+            parts[tenant] - floor[tenant] * idle,
+            envoys,
+            floor=floor[tenant],
+            horizon_s=horizon_s,
         )
         for node, limit in limits.items():
-            by_envoy[node][tenant] = limit
+            by_envoy.setdefault(node, {})[tenant] = limit
     return TenantAdmission(
-        in_flight={lane: d.in_flight for lane, d in demand.items()},
+        in_flight={lane: d.in_flight for lane, d in lanes.items()},
         parts=parts,
         by_envoy=by_envoy,
-        floor={tenant: min(settings.envoy_floor, parts[tenant]) for tenant in weights},
+        floor=floor,
     )
 
 
