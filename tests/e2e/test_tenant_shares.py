@@ -227,12 +227,14 @@ async def test_a_body_named_tenant_takes_its_lane_in_each_band_and_its_429_names
 ) -> None:
     """With the tenant in the body's `user`: its requests take its own lane of the band
     they are given (routes on `llm:tenant`), another user's take the band's shared lane,
-    and its lane's full circuit breaker answers 429 `tenant_share_exceeded` (the mapper
-    matches `llm:tenant`). The lane's limit is set here as the policy sets it, as its
-    runtime key, through Envoy's admin runtime layer."""
+    a split's requests take its lanes of the target pools, and its lane's full circuit
+    breaker answers 429 `tenant_share_exceeded` (the mapper matches `llm:tenant`). The
+    lane's limit is set here as the policy sets it, as its runtime key, through Envoy's
+    admin runtime layer."""
     backend = await backends("llama-0")
     config_file.write(
         {"llama": (["llama"], [(backend, 1)])},
+        model_rewrites=[{"model": "canary", "targets": [{"model": "llama", "weight": 1}]}],
         flow_control={
             "enabled": True,
             "tenants": {
@@ -244,8 +246,8 @@ async def test_a_body_named_tenant_takes_its_lane_in_each_band_and_its_429_names
     gateway = await gateway_factory()
     envoy = gateway.envoy
 
-    async def ask(user: str, band: str) -> tuple[int, dict[str, str], Any]:
-        body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "user": user}
+    async def ask(user: str, band: str, model: str = "llama") -> tuple[int, dict[str, str], Any]:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "user": user}
         headers = {"x-gateway-inference-band": band}
         async with http.post(
             f"{gateway.url}/v1/chat/completions", json=body, headers=headers
@@ -263,6 +265,11 @@ async def test_a_body_named_tenant_takes_its_lane_in_each_band_and_its_429_names
         assert (await ask("someone-else", band))[0] == 200
         after = await served(lane), await served(names.band_cluster_name("llama", band))
         assert (after[0] - before[0], after[1] - before[1]) == (1, 1), band
+    # A split (model_rewrites) sends a weighted tenant to its lanes of the target pools.
+    lane = names.tenant_cluster_name("llama", "standard", "acme")
+    before_split = await served(lane)
+    assert (await ask("acme", "standard", model="canary"))[0] == 200
+    assert await served(lane) == before_split + 1
     # A name with `.` and `@` makes a valid lane (its Prometheus cluster tag is cut at the
     # dot: docs/flow-control.md), its runtime key too.
     dotted = names.tenant_cluster_name("llama", "standard", "bob@example.com")
