@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import ClientSession, web
 
 sys.path.insert(0, str(Path(__file__).parent))
-from envoy_maglev import home, maglev_table
+from envoy_maglev import home, maglev_table  # type: ignore[import-not-found]
 
 # The ring weights of a moved pool: capacity times home factors, on the weight ladder.
 WEIGHTS = {"ns/pod-a": 100000, "ns/pod-b": 57175, "ns/pod-c": 65752, "ns/pod-d": 28248}
