@@ -25,7 +25,8 @@ from xds_server.admin import AdminServer, default_debug_port, make_admin_app, ma
 from xds_server.clock import Clock, loop_clock
 from xds_server.config import RoutingConfig
 from xds_server.controller import Controller
-from xds_server.envoy.listeners import LONG_PROMPT_LOG_INTERVAL_S
+from xds_server.envoy import names
+from xds_server.envoy.listeners import LONG_PROMPT_LOG_INTERVAL_S, SESSION_KEY_LOG
 from xds_server.errors import ConfigError, XdsServerError
 from xds_server.fleet_load import EnvoyLoad
 from xds_server.metrics.scraper import Scraper
@@ -57,6 +58,7 @@ from xds_server.xds.identity import Authenticator, IdentityPolicy
 from xds_server.xds.load_reports import LoadReports
 from xds_server.xds.load_stats import LoadStatsServer
 from xds_server.xds.nodes import NodeRegistry
+from xds_server.xds.session_keys import SessionKeys
 from xds_server.xds.tls import TlsCredentials, TlsFiles
 
 __all__ = ["XdsApplication"]
@@ -96,6 +98,14 @@ class XdsApplication:
             stale_s=10 * LONG_PROMPT_LOG_INTERVAL_S,
             clock=clock,
             known_clusters=self.cache.cluster_names,
+        )
+        # The session keys' hashes the Envoys log, per pool, for the key homes.
+        self.session_keys = SessionKeys(
+            header=names.SESSION_HEADER,
+            pool_of=names.session_pool,
+            telemetry=self.telemetry,
+            known_clusters=self.cache.cluster_names,
+            clock=clock,
         )
         # Mutual TLS on the gRPC port, and who may speak for an Envoy or a peer.
         self._tls = TlsCredentials(_tls_files(settings.tls)) if settings.tls is not None else None
@@ -358,6 +368,8 @@ class XdsApplication:
                     prompts=self.long_prompts,
                     telemetry=self.telemetry,
                     authenticator=self._authenticator,
+                    session_keys=self.session_keys,
+                    session_key_log=SESSION_KEY_LOG,
                 ).generic_handler(),
                 PeeringServer(
                     report=self._own_report,

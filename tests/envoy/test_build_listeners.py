@@ -4,6 +4,7 @@ import re
 from typing import Any
 
 from envoy.config.accesslog.v3 import accesslog_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2 as accesslog_data_pb2
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
@@ -26,6 +27,7 @@ from xds_server.envoy.listeners import (
     PROMPT_KEY,
     PROMPT_NAMESPACE,
     ROUTER_FILTER,
+    SESSION_KEY_LOG,
     STREAM_KEY,
 )
 
@@ -92,6 +94,29 @@ def test_without_a_long_prompt_lane_the_router_logs_nothing(config: RoutingConfi
     balancing = config.balancing.model_copy(update={"long_prompt_bytes": 0})
     router = _router(config.model_copy(update={"balancing": balancing}))
     assert router == router_pb2.Router()
+
+
+def test_with_session_affinity_the_router_logs_each_keyed_upstream_stream_once_in_batches(
+    affinity_config: RoutingConfig,
+) -> None:
+    router = _router(affinity_config)
+    assert router.upstream_log_options.flush_upstream_log_on_upstream_stream
+    logs = {}
+    for log in router.upstream_log:
+        grpc_log = als_pb2.HttpGrpcAccessLogConfig()
+        assert log.typed_config.Unpack(grpc_log)
+        logs[grpc_log.common_config.log_name] = (log, grpc_log)
+    log, grpc_log = logs[SESSION_KEY_LOG]
+    keyed, ready = log.filter.and_filter.filters
+    assert keyed.header_filter.header.name == names.SESSION_HEADER
+    assert keyed.header_filter.header.present_match
+    # Once per upstream stream: when it is established, not at its end nor periodically.
+    assert list(ready.log_type_filter.types) == [accesslog_data_pb2.UpstreamPoolReady]
+    assert list(grpc_log.additional_request_headers_to_log) == [names.SESSION_HEADER]
+    common = grpc_log.common_config
+    assert common.grpc_service.envoy_grpc.cluster_name == names.XDS_CLUSTER
+    assert 0 < common.buffer_size_bytes.value <= 1024 * 1024
+    assert common.buffer_flush_interval.ToMilliseconds() == 500
 
 
 def test_json_to_metadata_always_writes_a_model(config: RoutingConfig) -> None:

@@ -30,7 +30,11 @@ One listener, one HTTP connection manager (HCM), and its HTTP filters:
    server over gRPC (ALS, log LONG_PROMPT_LOG, unbatched): when the stream to the pod is
    established (`flush_upstream_log_on_upstream_stream`), every LONG_PROMPT_LOG_INTERVAL_S
    while it lasts, and when it ends. The policy learns from it which pod just took a long
-   prompt, and when its prefill is over (xds/access_logs.py).
+   prompt, and when its prefill is over (xds/access_logs.py). When a pool has session
+   affinity, a second upstream log sends the upstream stream of each request that carries
+   names.SESSION_HEADER, once, when it is established (UpstreamPoolReady: not its end, nor
+   the periodic flushes of long prompts), with that header, in batches (log
+   SESSION_KEY_LOG): the server keeps the key's hash and the pod (xds/session_keys.py).
 
 Each request is logged as one JSON line (access_log.py, `listener.access_log`).
 
@@ -91,6 +95,7 @@ from envoy.config.core.v3 import (
 )
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2 as accesslog_data_pb2
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2 as grpc_als_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
@@ -119,6 +124,9 @@ __all__ = [
     "PROMPT_NAMESPACE",
     "RETRY_AFTER_HEADER",
     "ROUTER_FILTER",
+    "SESSION_KEY_LOG",
+    "SESSION_KEY_LOG_BUFFER_BYTES",
+    "SESSION_KEY_LOG_FLUSH_S",
     "STREAM_KEY",
     "UNAVAILABLE_RETRY_AFTER_S",
     "bounds_streams",
@@ -143,6 +151,13 @@ STREAM_KEY = "stream"
 GRPC_ACCESS_LOG = "envoy.access_loggers.http_grpc"
 LONG_PROMPT_LOG = "long_prompts"
 LONG_PROMPT_LOG_INTERVAL_S = 0.1
+# The router's upstream log of keyed requests, batched: the session header of each request's
+# upstream stream, once, when the stream to the pod is established (xds/session_keys.py).
+# Envoy sends a batch every SESSION_KEY_LOG_FLUSH_S, or sooner once it holds
+# SESSION_KEY_LOG_BUFFER_BYTES.
+SESSION_KEY_LOG = "session_keys"
+SESSION_KEY_LOG_FLUSH_S = 0.5
+SESSION_KEY_LOG_BUFFER_BYTES = 64 * 1024
 
 # Set on the 429 of a full band (RFC 9110 10.2.3: delay in seconds), and on the 503s of a
 # pod that failed or a full pool cluster, where waiting a moment helps: the retries have
@@ -329,27 +344,33 @@ def _http_filters(
     router = router_pb2.Router()
     if long_prompt_bytes is not None:
         router.upstream_log.append(_long_prompt_log(long_prompt_bytes))
-        router.upstream_log_options.flush_upstream_log_on_upstream_stream = True
         router.upstream_log_options.upstream_log_flush_interval.CopyFrom(
             _protos.duration(LONG_PROMPT_LOG_INTERVAL_S)
         )
+    if sessions:
+        router.upstream_log.append(_session_key_log())
+    if long_prompt_bytes is not None or sessions:
+        router.upstream_log_options.flush_upstream_log_on_upstream_stream = True
     filters.append(hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_protos.pack(router)))
     return filters
 
 
+def _to_server(log_name: str, buffer_size_bytes: int) -> _Any:
+    """Envoy's gRPC access logger's settings for log `log_name` to this server (ALS)."""
+    return grpc_als_pb2.CommonGrpcAccessLogConfig(
+        log_name=log_name,
+        grpc_service=grpc_service_pb2.GrpcService(
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=names.XDS_CLUSTER)
+        ),
+        transport_api_version=config_source_pb2.V3,
+        buffer_size_bytes=wrappers_pb2.UInt32Value(value=buffer_size_bytes),
+    )
+
+
 def _long_prompt_log(long_prompt_bytes: int) -> _Any:
     """The upstream log of long prompts, to this server over gRPC, one entry at a time."""
-    config = grpc_als_pb2.HttpGrpcAccessLogConfig(
-        common_config=grpc_als_pb2.CommonGrpcAccessLogConfig(
-            log_name=LONG_PROMPT_LOG,
-            grpc_service=grpc_service_pb2.GrpcService(
-                envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=names.XDS_CLUSTER)
-            ),
-            transport_api_version=config_source_pb2.V3,
-            # 0 turns batching off: each entry is sent as it is logged.
-            buffer_size_bytes=wrappers_pb2.UInt32Value(value=0),
-        )
-    )
+    # 0 turns batching off: each entry is sent as it is logged.
+    config = grpc_als_pb2.HttpGrpcAccessLogConfig(common_config=_to_server(LONG_PROMPT_LOG, 0))
     return accesslog_pb2.AccessLog(
         name=GRPC_ACCESS_LOG,
         filter=accesslog_pb2.AccessLogFilter(
@@ -359,6 +380,35 @@ def _long_prompt_log(long_prompt_bytes: int) -> _Any:
                     range_match=range_pb2.Int64Range(start=long_prompt_bytes, end=2**63 - 1),
                 )
             )
+        ),
+        typed_config=_protos.pack(config),
+    )
+
+
+def _session_key_log() -> _Any:
+    """The upstream log of keyed requests, to this server over gRPC, batched: one entry per
+    upstream stream that carries names.SESSION_HEADER, when the stream to the pod is
+    established (UpstreamPoolReady; its end and the periodic flushes of long prompts are
+    left out), with the header's value."""
+    common = _to_server(SESSION_KEY_LOG, SESSION_KEY_LOG_BUFFER_BYTES)
+    common.buffer_flush_interval.CopyFrom(_protos.duration(SESSION_KEY_LOG_FLUSH_S))
+    config = grpc_als_pb2.HttpGrpcAccessLogConfig(
+        common_config=common, additional_request_headers_to_log=[names.SESSION_HEADER]
+    )
+    keyed = accesslog_pb2.AccessLogFilter(
+        header_filter=accesslog_pb2.HeaderFilter(
+            header=route_components_pb2.HeaderMatcher(
+                name=names.SESSION_HEADER, present_match=True
+            )
+        )
+    )
+    ready = accesslog_pb2.AccessLogFilter(
+        log_type_filter=accesslog_pb2.LogTypeFilter(types=[accesslog_data_pb2.UpstreamPoolReady])
+    )
+    return accesslog_pb2.AccessLog(
+        name=GRPC_ACCESS_LOG,
+        filter=accesslog_pb2.AccessLogFilter(
+            and_filter=accesslog_pb2.AndFilter(filters=[keyed, ready])
         ),
         typed_config=_protos.pack(config),
     )

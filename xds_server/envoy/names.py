@@ -71,6 +71,7 @@ __all__ = [
     "long_prompt_clusters",
     "session_cluster_name",
     "session_eds_service_name",
+    "session_pool",
     "spill_listener_name",
     "tenant_cluster_name",
     "tenant_clusters",
@@ -197,6 +198,16 @@ def session_eds_service_name(pool: str) -> str:
 def session_cluster_name(pool: str) -> str:
     """The consistent-hashing Cluster of `pool` (session affinity), on the pool's endpoints."""
     return pool + SESSION_CLUSTER_SUFFIX
+
+
+def session_pool(cluster: str) -> str | None:
+    """The pool whose session cluster (`<pool>/session` or `<pool>/session/<band>`) is
+    `cluster`, or None for any other cluster."""
+    pool, _, rest = cluster.partition("/")
+    lane, _, band = rest.partition("/")
+    if not pool or "/" + lane != SESSION_CLUSTER_SUFFIX or (band and band not in BANDS):
+        return None
+    return pool
 
 
 def spill_listener_name(pool: str) -> str:

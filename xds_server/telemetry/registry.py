@@ -140,7 +140,8 @@ class Telemetry:
         )
         self.als_streams = Gauge(
             "xds_als_streams",
-            "Access log (ALS) streams currently open: Envoys logging long prompts.",
+            "Access log (ALS) streams currently open: Envoys logging long prompts or session"
+            " keys.",
             registry=r,
         )
         self.als_entries = Counter(
@@ -148,6 +149,24 @@ class Telemetry:
             "Upstream log entries of long prompts received, by type (UpstreamPoolReady: "
             "started, UpstreamEnd: ended).",
             ["type"],
+            registry=r,
+        )
+        self.session_key_entries = Counter(
+            "xds_session_key_entries",
+            "Upstream log entries of keyed requests taken into the session keys' store.",
+            registry=r,
+        )
+        self.session_key_dropped_entries = Counter(
+            "xds_session_key_dropped_entries",
+            "Upstream log entries of keyed requests dropped, by reason: no_key, oversized_key,"
+            " unknown_cluster, not_session.",
+            ["reason"],
+            registry=r,
+        )
+        self.session_keys = Gauge(
+            "xds_session_keys",
+            "Session keys (their hashes) tracked per pool, seen in the session-key log.",
+            ["pool"],
             registry=r,
         )
         self.loop_lag = Histogram(

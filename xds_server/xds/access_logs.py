@@ -25,7 +25,8 @@ One not heard of for `stale_s` is dropped (its end was lost with its stream), so
 cannot stay marked for good. Only clusters the server pushed are kept, and at most
 `max_per_log` streams per Envoy, so what an Envoy can make the server hold is bounded.
 `AccessLogStream` is the protocol state machine of one stream (no I/O), as in
-load_stats.py; `AccessLogServer` only moves messages.
+load_stats.py; `AccessLogServer` only moves messages, and sends the streams of the
+session-key log (its own log name) to session_keys.py instead.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from envoy.service.accesslog.v3 import als_pb2
 from xds_server.clock import Clock
 from xds_server.telemetry import Telemetry
 from xds_server.xds.identity import Authenticator
+from xds_server.xds.session_keys import SessionKeys, SessionKeyStream
 
 __all__ = [
     "ALS_SERVICE",
@@ -256,7 +258,8 @@ class AccessLogStream:
 
 
 class AccessLogServer:
-    """Serves ALS into a PrefillingPrompts store."""
+    """Serves ALS: each stream goes, by its first message's log name, to the session keys
+    (`session_key_log`) or to the long prompts (any other)."""
 
     def __init__(
         self,
@@ -264,10 +267,14 @@ class AccessLogServer:
         prompts: PrefillingPrompts,
         telemetry: Telemetry,
         authenticator: Authenticator | None = None,
+        session_keys: SessionKeys | None = None,
+        session_key_log: str | None = None,
     ) -> None:
         self._prompts = prompts
         self._telemetry = telemetry
         self._authenticator = authenticator
+        self._session_keys = session_keys
+        self._session_key_log = session_key_log
         self._ids = itertools.count(1)
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
@@ -282,20 +289,33 @@ class AccessLogServer:
             },
         )
 
+    def _open(self, message: als_pb2.StreamAccessLogsMessage) -> AccessLogStream | SessionKeyStream:
+        stream_id = next(self._ids)
+        log_name = message.identifier.log_name
+        if self._session_keys is not None and log_name == self._session_key_log:
+            return SessionKeyStream(
+                stream_id=stream_id, keys=self._session_keys, telemetry=self._telemetry
+            )
+        return AccessLogStream(
+            stream_id=stream_id, prompts=self._prompts, telemetry=self._telemetry
+        )
+
     async def _stream(
         self,
         messages: AsyncIterator[als_pb2.StreamAccessLogsMessage],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> als_pb2.StreamAccessLogsResponse:
-        stream = AccessLogStream(
-            stream_id=next(self._ids), prompts=self._prompts, telemetry=self._telemetry
-        )
+        stream: AccessLogStream | SessionKeyStream | None = None
         self._telemetry.als_streams.inc()
         try:
             async for message in messages:
-                if stream.node_id is None and self._authenticator is not None:
-                    node_id = message.identifier.node.id
-                    await self._authenticator.admit_envoy(context, node_id=node_id, service="als")
+                if stream is None:
+                    if self._authenticator is not None:
+                        node_id = message.identifier.node.id
+                        await self._authenticator.admit_envoy(
+                            context, node_id=node_id, service="als"
+                        )
+                    stream = self._open(message)
                 stream.identify(message)
                 # A slice at a time, so that a huge message cannot hold the event loop.
                 entries = message.http_logs.log_entry
@@ -303,6 +323,7 @@ class AccessLogServer:
                     stream.log(entries[start : start + _ENTRIES_PER_SLICE])
                     await asyncio.sleep(0)
         finally:
-            stream.close()
+            if stream is not None:
+                stream.close()
             self._telemetry.als_streams.dec()
         return als_pb2.StreamAccessLogsResponse()
