@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import enum
 import logging
-from types import TracebackType
+from collections.abc import Mapping
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import grpc
@@ -61,7 +62,38 @@ from xds_server.xds.nodes import NodeRegistry
 from xds_server.xds.session_keys import SessionKeys
 from xds_server.xds.tls import TlsCredentials, TlsFiles
 
-__all__ = ["XdsApplication"]
+__all__ = ["LoggedKeyCounts", "XdsApplication"]
+
+
+class LoggedKeyCounts:
+    """The controller's session keys (SessionKeysSource): per pool, each logged key hash's
+    recent requests. A new mapping when a pool gained a key or a key moved (the store's
+    revision), or when keys were logged and `refresh_s` passed: otherwise the same object,
+    so that a pool nobody sends keys to is decided as before, at no cost.
+
+    Mutable state: the revision and entry count read last, when, and what they gave."""
+
+    def __init__(self, keys: SessionKeys, *, clock: Clock, refresh_s: float = 2.0) -> None:
+        self._keys = keys
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self._read: tuple[int, int] = (-1, -1)
+        self._read_at = 0.0
+        self._counts: Mapping[str, Mapping[int, float]] = MappingProxyType({})
+
+    def __call__(self) -> Mapping[str, Mapping[int, float]]:
+        now = self._clock()
+        read = (self._keys.revision, self._keys.entries)
+        logged = read[1] != self._read[1] and now - self._read_at >= self._refresh_s
+        if read[0] != self._read[0] or logged:
+            self._read, self._read_at = read, now
+            self._counts = MappingProxyType(
+                {
+                    pool: MappingProxyType({h: seen.count for h, seen in keys.items()})
+                    for pool, keys in self._keys.snapshot(now).items()
+                }
+            )
+        return self._counts
 
 
 def _tls_files(tls: TlsSettings) -> TlsFiles:
@@ -160,6 +192,7 @@ class XdsApplication:
             signals=self.pods.signals,
             load=self.envoy_load,
             remotes=self.remote_clusters,
+            session_keys=LoggedKeyCounts(self.session_keys, clock=clock),
             clock=clock,
         )
         self.load_reports.subscribe(self.controller.load_changed)

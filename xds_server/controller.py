@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Set
+from types import MappingProxyType
 from typing import Protocol, TypeVar
 
 from xds_server.clock import Clock, loop_clock
@@ -42,6 +43,7 @@ __all__ = [
     "LoadSource",
     "RemotesSource",
     "SLICE_S",
+    "SessionKeysSource",
     "SignalsSource",
 ]
 
@@ -57,6 +59,17 @@ _MAX_REASON_CHARS = 500
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+# No session keys logged: the same object every time, so that a decision on it is skipped.
+_NO_SESSION_KEYS: Mapping[str, Mapping[int, float]] = MappingProxyType({})
+
+
+class SessionKeysSource(Protocol):
+    """Per pool, the hashes of the session keys its Envoys logged and their recent requests
+    (xds/session_keys.py). The same object as the last call's while no key was logged."""
+
+    def __call__(self) -> Mapping[str, Mapping[int, float]]: ...
 
 
 class SignalsSource(Protocol):
@@ -118,6 +131,7 @@ class Controller:
         signals: SignalsSource | None = None,
         load: LoadSource | None = None,
         remotes: RemotesSource | None = None,
+        session_keys: SessionKeysSource | None = None,
         group: str = DEFAULT_GROUP,
         clock: Clock = loop_clock,
     ) -> None:
@@ -125,6 +139,7 @@ class Controller:
         self._telemetry = telemetry
         self._signals = signals
         self._load = load
+        self._session_keys = session_keys
         self._remotes = remotes
         self._group = group
         self._clock = clock
@@ -136,9 +151,9 @@ class Controller:
         self._settled = asyncio.Event()
         self._memory = PolicyMemory()
         self._decider = Decider()
-        # The config, signals and load of the last decision, and whether the memory it
-        # returned was the one it was given (then the same inputs decide the same).
-        self._decided_on: tuple[object, object, object] | None = None
+        # The config, signals, load and session keys of the last decision, and whether the
+        # memory it returned was the one it was given (then the same inputs decide the same).
+        self._decided_on: tuple[object, ...] | None = None
         # How long the last decision and build took (wall time, slices included).
         self._last_decision_s = 0.0
         self._memory_settled = False
@@ -379,6 +394,7 @@ class Controller:
             config=config,
             signals=self._signals(self._clock()) if self._signals is not None else None,
             load=self._load.fleet_load(config) if self._load is not None else None,
+            session_keys=_NO_SESSION_KEYS if self._session_keys is None else self._session_keys(),
         )
 
     def _warming(self, config: RoutingConfig, inputs: DecisionInputs) -> bool:
@@ -421,7 +437,7 @@ class Controller:
                 self._settled.set()
 
     async def _decide_and_build(self, config: RoutingConfig, inputs: DecisionInputs) -> None:
-        decided_on = (config, inputs.signals, inputs.load)
+        decided_on = (config, inputs.signals, inputs.load, inputs.session_keys)
         last = self._decided_on
         if (
             self._memory_settled

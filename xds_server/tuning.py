@@ -234,6 +234,35 @@ class Tuning(BaseModel):
         " has keys moved off it for good (a move costs each moved key its prefix).",
         evidence="bench/results/homes (c: moves by load share alone cost P95 0.14 -> 0.51 s)",
     )
+    home_placed_max_pods: float = _knob(
+        8.0,
+        ge=2.0,
+        le=64.0,
+        unit="pods",
+        meaning="Pools of at most this many pods have their logged session keys placed by"
+        " their hashes (a few ladder steps a window, each building the session table);"
+        " larger pools keep the spill rule.",
+        evidence="a window's search took at most 17 ms for 4 pods, 55 ms for 8, 730 ms for"
+        " 16 (random names, 8 keys a pod; bench/results/homes-placed)",
+    )
+    home_placement_steps: float = _knob(
+        8.0,
+        ge=1.0,
+        le=32.0,
+        unit="ladder steps",
+        meaning="At most this many weight-ladder steps a window when placing logged keys.",
+        evidence="tests/policy/test_homes.py (c's 32 keys placed in one or two steps)",
+    )
+    home_step_span: float = _knob(
+        3.0,
+        ge=1.0,
+        le=8.0,
+        unit="ladder steps",
+        meaning="Each step of a key placement tries the most loaded pod's ring weight down and"
+        " the least loaded's up by 0 to this many ladder steps each (one step of four pods'"
+        " weights moves about 3% of the slots: often no key of 32).",
+        evidence="tests/policy/test_homes.py",
+    )
     home_min_load: float = _knob(
         1.0,
         unit="requests per pod",

@@ -3,6 +3,9 @@
 - A pod that spills its keys for a window while it carries far beyond its share gets a
   smaller weight in the session table: some of its keys move to the other pods for good
   (they stay there once it has room again), the rest come back to it.
+- Keys the Envoy logs are placed: the server builds Envoy's Maglev table itself and steps
+  the ring weights until each pod is home to its share of the keys, and each key goes
+  where that table says.
 - A pool whose prefix caches save few tokens per request stops sticking: one key's
   requests go round the pods, balanced by load; once the caches save many, keys stick
   again. The pool's gauge and the pods' reasons say so.
@@ -11,11 +14,14 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from pathlib import Path
 
 from tests.e2e.conftest import eventually
 from tests.e2e.session_pods import Pod, homes_on_every_pod, session_gateway
 from tests.e2e.session_pods import served as serving_pod
+from xds_server.maglev import MaglevTable, key_hash, maglev_table, table_size
+from xds_server.policy.state import PoolState
 
 
 async def test_a_pod_that_keeps_spilling_hands_some_of_its_keys_to_the_others_for_good(
@@ -26,8 +32,9 @@ async def test_a_pod_that_keeps_spilling_hands_some_of_its_keys_to_the_others_fo
             await stack.enter_async_context(Pod(running=4, saved=2_000).serving())
             for _ in range(3)
         ]
-        # A window of 10 decisions (1 s); the caches pay, so keys stick throughout.
-        advanced = {"home_window_intervals": 10}
+        # A window of 10 decisions (1 s); the caches pay, so keys stick throughout. The
+        # spill rule: pools of over 2 pods do not have their logged keys placed.
+        advanced = {"home_window_intervals": 10, "home_placed_max_pods": 2}
         gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
 
         async def served(user: str) -> int:
@@ -107,3 +114,49 @@ async def test_keys_stop_sticking_where_the_caches_save_little_and_stick_again_w
             return len({await serving_pod(http, gateway.url, "user-1") for _ in range(30)}) == 1
 
         await eventually(sticks, within_s=20, what="one key's requests on one pod")
+
+
+async def test_logged_keys_are_placed_evenly_and_go_where_the_server_computes(
+    tmp_path: Path,
+) -> None:
+    """Keys Maglev drops unevenly (14/8/6/4 over four pods) are logged by the Envoy, and
+    within a window the server steps the ring weights until each pod is home to its share
+    of them; every key then goes where the server's copy of Envoy's table says."""
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving())
+            for _ in range(4)
+        ]
+        advanced = {"home_window_intervals": 10}
+        gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
+        pool = gateway.app.controller.decision.pools["gpu"]
+        size = table_size(len(pool.endpoints))
+
+        def table(state: PoolState) -> MaglevTable:
+            return maglev_table({e.ring_key: e.ring_weight or 0 for e in state.endpoints}, size)
+
+        # 32 keys the hash drops 14/8/6/4 on the pods as they start (equal weights).
+        start = table(pool)
+        wanted = dict(zip(start.hosts, (14, 8, 6, 4), strict=True))
+        keys: list[str] = []
+        for i in range(10_000):
+            host = start.host_of(key_hash(f"user-{i}"))
+            if wanted[host]:
+                wanted[host] -= 1
+                keys.append(f"user-{i}")
+        assert len(keys) == 32
+        port_of = {e.ring_key: e.port for e in pool.endpoints}
+
+        async def placed() -> PoolState | None:
+            for key in keys:
+                await serving_pod(http, gateway.url, key)
+            state = gateway.app.controller.decision.pools["gpu"]
+            homes = Counter(table(state).host_of(key_hash(k)) for k in keys)
+            even = all(abs(homes[e.ring_key] / 8 - 1) <= 0.2 for e in state.endpoints)
+            return state if even else None
+
+        state = await eventually(placed, within_s=40, what="the logged keys placed evenly")
+        assert any(r.code == "home_share" for e in state.endpoints for r in e.reasons), state
+        now = table(state)
+        for key in keys:
+            assert await serving_pod(http, gateway.url, key) == port_of[now.host_of(key_hash(key))]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
+
 import pytest
 
 from xds_server.config import BalancingConfig, PoolConfig
-from xds_server.policy.homes import HomeMemory, balanced_homes
+from xds_server.maglev import key_hash, maglev_table, table_size
+from xds_server.policy.homes import HomeMemory, LoggedKeys, balanced_homes
 from xds_server.policy.scoring import score_pool
 from xds_server.policy.signals import PodSignals
+from xds_server.policy.weights import MAX_WEIGHT, quantize
 from xds_server.tuning import Tuning
 
 TUNING = Tuning()
@@ -164,3 +169,86 @@ def test_score_pool_moves_the_loaded_pods_ring_weight_and_says_why() -> None:
     unkeyed = score_pool(_pool(False), settings=settings, signals=signals, memory={}, homes=homes)
     assert all(e.ring_weight is None for e in unkeyed.state.endpoints)
     assert unkeyed.homes == HomeMemory()
+
+
+def _logged_keys(keys: dict[int, float], pods: tuple[str, ...] = PODS) -> LoggedKeys:
+    def weights(factors: Mapping[str, float]) -> dict[str, int]:
+        top = max(factors.get(k, 1.0) for k in pods)
+        return {
+            k: quantize(MAX_WEIGHT * factors.get(k, 1.0) / top, TUNING.weight_ladder) for k in pods
+        }
+
+    return LoggedKeys(
+        counts=keys, names={k: f"ns/pod-{k}" for k in pods}, size=table_size(4), weights=weights
+    )
+
+
+def _key_counts(memory: HomeMemory, keys: LoggedKeys) -> dict[str, int]:
+    sent = keys.weights(memory.factors)
+    table = maglev_table({keys.names[k]: w for k, w in sent.items()}, keys.size)
+    homes = Counter(table.host_of(h) for h in keys.counts)
+    return {k: homes[keys.names[k]] for k in PODS}
+
+
+def _placed_run(keys: LoggedKeys, decisions: int, memory: HomeMemory | None = None) -> HomeMemory:
+    memory = memory or HomeMemory()
+    load = {"a": 5.0, "b": 5.0, "c": 5.0, "d": 5.0}
+    for _ in range(decisions):
+        memory = balanced_homes(
+            PODS, _signals(load), EQUAL, frozenset(), memory, TUNING, keys
+        ).memory
+    return memory
+
+
+# Scenario c's 32 prefix groups, hashed as Envoy hashes their session keys.
+C_KEYS = {key_hash(f"group-{i}"): 3.0 for i in range(32)}
+
+
+def test_logged_keys_are_placed_within_the_tolerance_in_a_window() -> None:
+    keys = _logged_keys(C_KEYS)
+    before = _key_counts(HomeMemory(), keys)
+    # Maglev's luck: 8/9/9/6 keys, one pod 25% under its share.
+    assert max(abs(n / 8 - 1) for n in before.values()) > TUNING.home_tolerance, before
+    memory = _placed_run(keys, WINDOW)
+    after = _key_counts(memory, keys)
+    assert sum(after.values()) == 32
+    assert all(abs(n / 8 - 1) <= TUNING.home_tolerance for n in after.values()), after
+    assert memory.factors and all(
+        1 / TUNING.home_max_factor <= f <= TUNING.home_max_factor for f in memory.factors.values()
+    )
+    # Placed, they stay: the next windows move nothing, whatever the pods' load.
+    assert _placed_run(keys, 3 * WINDOW, memory).factors == memory.factors
+
+
+def test_placing_moves_few_keys() -> None:
+    keys = _logged_keys(C_KEYS)
+    table = {
+        k: maglev_table({keys.names[p]: w for p, w in keys.weights(f).items()}, keys.size)
+        for k, f in (("before", {}), ("after", dict(_placed_run(keys, WINDOW).factors)))
+    }
+    moved = sum(table["before"].host_of(h) != table["after"].host_of(h) for h in C_KEYS)
+    # 8/9/9/6: one key to the pod with 6 is enough for the tolerance, and about all that moves.
+    assert 1 <= moved <= 2, moved
+
+
+def test_a_heavy_key_counts_for_more_but_not_for_its_count_alone() -> None:
+    """Each key is weighed by its requests plus the mean: one key with 20 times the others'
+    requests weighs about 10 of them, and its pod gets fewer other keys."""
+    counts = dict(C_KEYS)
+    heavy = next(iter(counts))
+    counts[heavy] = 60.0
+    keys = _logged_keys(counts)
+    memory = _placed_run(keys, WINDOW)
+    sent = keys.weights(memory.factors)
+    table = maglev_table({keys.names[k]: w for k, w in sent.items()}, keys.size)
+    home = table.host_of(heavy)
+    others = Counter(table.host_of(h) for h in counts if h != heavy)
+    assert others[home] < min(n for name, n in others.items() if name != home)
+
+
+def test_balanced_keys_move_nothing_and_too_few_keys_keep_the_spill_rule() -> None:
+    keys = _logged_keys(C_KEYS)
+    placed = _placed_run(keys, WINDOW)
+    assert _placed_run(keys, WINDOW, placed).factors == placed.factors
+    few = _logged_keys({key_hash("only"): 1.0, key_hash("two"): 1.0})
+    assert _placed_run(few, 2 * WINDOW).factors == {}  # no pod spills: the spill rule keeps all

@@ -9,6 +9,7 @@ import xxhash
 from envoy.config.core.v3 import address_pb2
 from envoy.data.accesslog.v3 import accesslog_pb2
 
+from xds_server.app import LoggedKeyCounts
 from xds_server.envoy import names
 from xds_server.telemetry import Telemetry
 from xds_server.xds.session_keys import KeySeen, SessionKeys, SessionKeyStream, key_hash
@@ -200,3 +201,27 @@ def test_bounds_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         store(Clock(), half_life_s=0)
     assert math.isfinite(store(Clock(), max_keys=1)._decay)
+
+
+def test_the_controllers_counts_are_the_same_object_until_keys_are_logged() -> None:
+    """LoggedKeyCounts (app.py): an idle pool's decision is skipped by identity, so its
+    counts stay the same object until a key is new or moves, or keys were logged and the
+    refresh interval passed."""
+    clock = Clock()
+    keys = store(clock)
+    counts = LoggedKeyCounts(keys, clock=clock, refresh_s=2.0)
+    first = counts()
+    assert first == {} and counts() is first
+    keys.logged(entry("alice"))
+    seen = counts()
+    assert seen == {"p": {key_hash("alice"): pytest.approx(1.0)}}
+    clock.now += 5.0
+    assert counts() is seen, "nothing logged since"
+    keys.logged(entry("alice"))
+    assert counts()["p"][key_hash("alice")] > seen["p"][key_hash("alice")], "refreshed"
+    again = counts()
+    keys.logged(entry("alice"))
+    clock.now += 1.0
+    assert counts() is again, "logged, but within the refresh interval"
+    keys.logged(entry("bob"))
+    assert key_hash("bob") in counts()["p"], "a new key: at once"

@@ -31,3 +31,8 @@ def duration(seconds: float) -> _Any:
 def uint32(value: int) -> _Any:
     """A `google.protobuf.UInt32Value` (for optional integer fields)."""
     return wrappers_pb2.UInt32Value(value=value)
+
+
+def uint64(value: int) -> _Any:
+    """A `google.protobuf.UInt64Value`."""
+    return wrappers_pb2.UInt64Value(value=value)

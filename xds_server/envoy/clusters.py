@@ -92,6 +92,7 @@ from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ig
 
 from xds_server.config import BANDS, Lane, PoolConfig, RemoteConfig, RoutingConfig
 from xds_server.envoy import _protos, names
+from xds_server.maglev import table_size
 
 __all__ = [
     "BAND_MAX_REQUESTS",
@@ -250,11 +251,13 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     points per remaining host, so about one key in eight of the other pods moved too (4
     pods, simulated); Maglev's table keeps the other pods' entries (0.05% moved) and takes
     them back on return. It hashes each endpoint's hostname, its name (endpoints.py),
-    not its address."""
+    not its address. Its table size is maglev.table_size's for the pool: the server builds
+    the same table to know where each key goes (homes.py)."""
     maglev = extension_pb2.TypedExtensionConfig(
         name=MAGLEV_POLICY,
         typed_config=_protos.pack(
             maglev_pb2.Maglev(
+                table_size=_protos.uint64(table_size(len(pool.endpoints))),
                 consistent_hashing_lb_config=common_pb2.ConsistentHashingLbConfig(
                     use_hostname_for_hashing=True,
                     hash_balance_factor=_protos.uint32(config.balancing.hash_balance_factor),

@@ -100,12 +100,15 @@ class DecisionInputs:
     """Everything a decision depends on besides memory.
 
     `signals` is None when no metrics are scraped at all (pools keep their configured
-    endpoints); `load` is None when no load reports are collected (no flow control).
+    endpoints); `load` is None when no load reports are collected (no flow control);
+    `session_keys` holds, per pool, the hashes of the session keys its Envoys logged and
+    their recent requests (xds/session_keys.py; empty when none are logged).
     """
 
     config: RoutingConfig
     signals: Mapping[str, PodSignals] | None = None
     load: FleetLoad | None = None
+    session_keys: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,7 +180,9 @@ class Decider:
         if signals is not None:
             for pool in config.pools:
                 if pool.weights_from_metrics:
-                    fresh = self._score(pool, config, own_signals[pool.name], load, memory)
+                    fresh = self._score(
+                        pool, config, own_signals[pool.name], load, inputs.session_keys, memory
+                    )
                     pools[pool.name], remembered[pool.name], new = fresh
                     if new:
                         yield
@@ -200,6 +205,7 @@ class Decider:
         config: RoutingConfig,
         signals: Mapping[str, PodSignals],
         load: FleetLoad | None,
+        session_keys_of: Mapping[str, Mapping[int, float]],
         memory: PolicyMemory,
     ) -> tuple[PoolState, PoolMemory, bool]:
         """The pool's endpoint states and memory, and whether they were decided anew."""
@@ -208,6 +214,7 @@ class Decider:
         long_prompts = pool_load.long_prompts if pool_load is not None else _EMPTY
         verdicts = pool_load.verdicts if pool_load is not None else _NO_VERDICTS
         slowness = pool_load.slowness if pool_load is not None else _NO_SLOWNESS
+        session_keys = session_keys_of.get(pool.name)
         key: _ScoringKey = (
             pool,
             config.balancing,
@@ -215,6 +222,7 @@ class Decider:
             long_prompts,
             verdicts,
             slowness,
+            session_keys,
             previous,
         )
         last = self._scored.get(pool.name)
@@ -232,6 +240,7 @@ class Decider:
             adapter_activity=previous.adapter_activity,
             spilled=previous.spilled,
             homes=previous.homes,
+            session_keys=session_keys,
             keys=previous.affinity,
             draining={endpoint_id(e) for e in pool.endpoints if e.draining},
             tuning=config.tuning(pool),

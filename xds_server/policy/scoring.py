@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
+from xds_server.maglev import table_size
 from xds_server.policy.adapter_demand import activity_of, pool_placement
 from xds_server.policy.affinity import Affinity, AffinityMemory, affinity
 from xds_server.policy.capacity import relative_capacities
 from xds_server.policy.factors import score, weight_cuts
 from xds_server.policy.health import Rotation, rotation
-from xds_server.policy.homes import HomeMemory, Homes, balanced_homes
+from xds_server.policy.homes import HomeMemory, Homes, LoggedKeys, balanced_homes
 from xds_server.policy.reasons import Reason
 from xds_server.policy.signals import PodSignals, endpoint_id
 from xds_server.policy.spill import Spilling, spilling
@@ -186,13 +187,15 @@ def score_pool(
     verdicts: Mapping[str, str] = MappingProxyType({}),
     slowness: Mapping[str, int] = MappingProxyType({}),
     homes: HomeMemory = _NO_HOMES,
+    session_keys: Mapping[int, float] | None = None,
     keys: AffinityMemory = _STICKY,
     tuning: Tuning = _DEFAULT_TUNING,
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
     `memory`, `placement`, `adapter_activity`, `spilled`, `homes` and `keys` (affinity)
-    are the previous call's
+    are the previous call's; `session_keys` the hashes of the session keys the Envoys
+    logged and their recent requests (homes.py places them; None: none logged)
     (empty at first); `draining` lists endpoints being shut down; `long_prompts` the long
     prompts in flight per endpoint id; `verdicts` the pods the Envoys' reports show
     stalled or failing (by endpoint id: the reason), which are out of rotation like a pod
@@ -232,7 +235,9 @@ def score_pool(
     )
     weighed = _weights(pool, scores, pods, spill, long_prompts, settings, tuning)
     top = max(weighed.values(), default=1.0) or 1.0
-    rings = _ring_weights(pool, pods, capacities, spill.loaded, homes, settings, tuning)
+    rings = _ring_weights(
+        pool, pods, capacities, spill.loaded, homes, session_keys, settings, tuning
+    )
     sticks = _affinity(pool, pods, keys, settings, tuning)
     suspended = sticks.reason if sticks is not None else None
     states = []
@@ -291,6 +296,7 @@ def _ring_weights(
     capacities: Mapping[str, float],
     spilling: Set[str],
     memory: HomeMemory,
+    session_keys: Mapping[int, float] | None,
     settings: BalancingConfig,
     tuning: Tuning,
 ) -> tuple[Homes | None, dict[str, int]]:
@@ -304,9 +310,21 @@ def _ring_weights(
         * (tuning.probation_weight if key in pods.probation else 1.0)
         for key in capacities
     }
-    homes = balanced_homes(pods.healthy, pods.fresh, base, spilling, memory, tuning)
-    top = max((homes.memory.factor(key) for key in base), default=1.0)
-    return homes, {
-        key: quantize(MAX_WEIGHT * share * homes.memory.factor(key) / top, tuning.weight_ladder)
-        for key, share in base.items()
-    }
+
+    def weights(factors: Mapping[str, float]) -> dict[str, int]:
+        top = max((factors.get(key, 1.0) for key in base), default=1.0)
+        return {
+            key: quantize(MAX_WEIGHT * share * factors.get(key, 1.0) / top, tuning.weight_ladder)
+            for key, share in base.items()
+        }
+
+    keys = None
+    if session_keys:
+        keys = LoggedKeys(
+            counts=session_keys,
+            names={endpoint_id(e): e.ring_key for e in pool.endpoints},
+            size=table_size(len(pool.endpoints)),
+            weights=weights,
+        )
+    homes = balanced_homes(pods.healthy, pods.fresh, base, spilling, memory, tuning, keys)
+    return homes, weights(homes.memory.factors)

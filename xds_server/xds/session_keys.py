@@ -71,7 +71,8 @@ class SessionKeys:
 
     Mutable state: `_pools` (pool -> key hash -> _Key). Runs on the event loop. `revision`
     grows, and the subscriber is called with the pools, when a pool gains a key or a key
-    is served by another endpoint (not on every request: counts change all the time).
+    is served by another endpoint (not on every request: counts change all the time);
+    `entries` counts the entries taken.
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class SessionKeys:
         self._pools: dict[str, dict[int, _Key]] = {}
         self._on_change: Callable[[Set[str]], None] | None = None
         self.revision = 0
+        self.entries = 0
 
     def subscribe(self, on_change: Callable[[Set[str]], None]) -> None:
         """Call `on_change` with the pools that gained a key or whose keys moved."""
@@ -126,6 +128,7 @@ class SessionKeys:
         address = common.upstream_remote_address.socket_address
         endpoint = f"{address.address}:{address.port_value}" if address.address else None
         self._seen(pool, key_hash(value), endpoint)
+        self.entries += 1
         return None
 
     def _seen(self, pool: str, hashed: int, endpoint: str | None) -> None:

