@@ -242,8 +242,8 @@ class Tuning(BaseModel):
         meaning="Pools of at most this many pods have their logged session keys placed by"
         " their hashes (a few ladder steps a window, each building the session table);"
         " larger pools keep the spill rule.",
-        evidence="a window's search took at most 17 ms for 4 pods, 55 ms for 8, 730 ms for"
-        " 16 (random names, 8 keys a pod; bench/results/homes-placed)",
+        evidence="bench/results/homes-placed: a window's search held the loop at most 30 ms"
+        " for 4 pods, 53 ms for 8 (8 keys a pod)",
     )
     home_placement_steps: float = _knob(
         8.0,
@@ -252,6 +252,27 @@ class Tuning(BaseModel):
         unit="ladder steps",
         meaning="At most this many weight-ladder steps a window when placing logged keys.",
         evidence="tests/policy/test_homes.py (c's 32 keys placed in one or two steps)",
+    )
+    home_placement_target: float = _knob(
+        0.1,
+        gt=0.0,
+        le=10.0,
+        unit="ratio - 1",
+        meaning="A placement of logged keys, once begun (beyond home_tolerance), goes on until"
+        " every pod's share of the keys is within this of its capacity share, so that the"
+        " next key does not push it past the tolerance again.",
+        evidence="bench/results/homes-placed (c seeds 4-8: placing only to the tolerance left"
+        " 13 prefix misses after the warm-up against the router's 7)",
+    )
+    home_key_prior: float = _knob(
+        3.0,
+        le=1_000.0,
+        unit="times the mean key's requests",
+        meaning="Each logged key weighs its recent requests plus this many times the mean"
+        " key's: the noise of a key's requests moves no key, and a key twenty times as busy"
+        " as the others weighs about six of them.",
+        evidence="design: a key's decayed count (about 17 requests at c's rate) is off by a"
+        " quarter by chance",
     )
     home_step_span: float = _knob(
         3.0,

@@ -26,16 +26,19 @@ anyway). `home_max_factor` 1 keeps the hash's homes.
 
 Where the Envoys log the pool's session keys (hashed at once: xds/session_keys.py), the
 server knows every key's home, for Maglev's table is computed here as Envoy computes it
-(xds_server/maglev.py), and it places keys instead: at the end of a window, when the keys' requests
-(each key weighed by its recent requests plus the mean, so that a few requests more do
-not make a key heavy) are off the pods' capacity shares by more than `home_tolerance`, it
-steps the most loaded pod's ring weight down the weight ladder, the least loaded pod's up,
-or both (one to three steps each, whichever evens the keys most, building the table for
-each), until the keys fall within the tolerance or no step helps. The keys that move are
-the ones the steps move, no more; a window that finds the keys balanced moves none, however
-the requests fluctuate. At most `home_placement_steps` steps a window; pools of more than
-`home_placed_max_pods` pods keep the rule above (a window's search took up to 17 ms for 4
-pods, 42-55 ms for 8, 730 ms for 16; and many keys a pod even out by themselves).
+(xds_server/maglev.py), and it places keys instead: at the end of a window, when the keys'
+requests (each key weighed by its recent requests plus `home_key_prior` times the mean, so
+that the noise of a key's requests does not move keys, while a key many times as busy as
+the others weighs as several) are off the pods' capacity shares by more than
+`home_tolerance`, it steps the most loaded pod's ring weight down the weight ladder, the
+least loaded pod's up, or both (one to three steps each, whichever evens the keys most,
+building the table for each), until the keys fall within `home_placement_target`, half the
+tolerance, or no step helps: a placement that just met the tolerance would be pushed past
+it again by the next key. The keys that move are the ones the steps move, no more; a window
+that finds the keys within the tolerance moves none, however the requests fluctuate. At
+most `home_placement_steps` steps a window; pools of more than `home_placed_max_pods` pods
+keep the rule above (a window's search held the event loop up to 30 ms for 4 pods, 53 ms
+for 8, `python -m bench.key_placement`; and many keys a pod even out by themselves).
 
 Server replicas each measure their own window, so for a window their Envoys can hash a
 key to different pods (docs/routing.md says so).
@@ -206,14 +209,18 @@ class _KeyPlacement:
     (the module docstring). Built per window; holds the targets and key weights."""
 
     def __init__(
-        self, present: Sequence[str], keys: LoggedKeys, capacity_shares: Mapping[str, float]
+        self,
+        present: Sequence[str],
+        keys: LoggedKeys,
+        capacity_shares: Mapping[str, float],
+        tuning: Tuning,
     ) -> None:
         self._present = present
         self._keys = keys
         capacity = sum(capacity_shares[k] for k in present)
         self._target = {k: capacity_shares[k] / capacity for k in present}
-        mean = sum(keys.counts.values()) / len(keys.counts)
-        self._weight = {h: c + mean for h, c in keys.counts.items()}
+        prior = tuning.home_key_prior * sum(keys.counts.values()) / len(keys.counts)
+        self._weight = {h: c + prior for h, c in keys.counts.items()}
         self._total = sum(self._weight.values())
         self._by_name = {keys.names[k]: k for k in present}
         self._start_homes: dict[int, str] = {}
@@ -260,7 +267,7 @@ def _placed(
     """New factors, and the key-load ratios of the pods whose factor moved, when the keys'
     homes in Envoy's table are off the capacity shares by more than the tolerance and a
     few ladder steps bring them closer; None otherwise."""
-    placement = _KeyPlacement(in_rotation, keys, capacity_shares)
+    placement = _KeyPlacement(in_rotation, keys, capacity_shares, tuning)
     start = current = placement.trial(factors)
     if _off(start) <= tuning.home_tolerance:
         return None
@@ -271,7 +278,7 @@ def _placed(
         if best is None or best.spread >= current.spread:
             break
         current = best
-        if _off(current) <= tuning.home_tolerance:
+        if _off(current) <= tuning.home_placement_target:
             break
     if current.spread >= start.spread:
         return None
