@@ -59,12 +59,11 @@ async def state_sample(gateway: LocalGateway, pod_id: str) -> tuple[str, str] | 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("after_chunks", [1, 0], ids=["wedged-after-a-chunk", "wedged-at-once"])
-async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(
-    tmp_path: Path, after_chunks: int
-) -> None:
-    """Wedged at once, a pod on probation begins nothing: no engine counter can show it,
-    and its probe that never begins is the verdict (verdicts.py, `unpaged`)."""
+async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(tmp_path: Path) -> None:
+    """On probation it serves a small share; wedged, after a chunk and then at once, it is
+    judged stalled and sent nothing. Wedged at once it begins nothing: no engine counter
+    can show it, and its probe that never begins is the verdict (verdicts.py, `unpaged`).
+    Both wedges in one run: the restart and the share before them take half a minute."""
     specs = [PodSpec(name=f"pod-{i}", profile=H100) for i in range(4)]
     async with Fleet(specs, model="m") as fleet:
         path = fleet_config(tmp_path, fleet, {"scrape_interval_s": 0.1})
@@ -111,21 +110,22 @@ async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(
             assert 0.02 < share < 0.2, share
             assert {o for _, o in sent} == {"ok"}
 
-            # Wedged on probation: judged stalled, out, and sent nothing more.
-            pod.wedge(after_chunks=after_chunks)
-            wedged_at = loop.time()
-            judged_at, out_at = await judged_out(gateway, load, pod.port, "stalled")
-            judged_s = judged_at - wedged_at
-            assert served_by(load, "pod-0", after=out_at) == 0
-
-            # Served again (a probe lifts the verdict): on probation again, its page still
-            # late; then its first page ends the probation and it is weighed as any pod.
-            pod.unwedge()
-            await eventually(
-                lambda: first_reason(gateway, pod.port) == "probation",
-                within_s=60,
-                what="back on probation once a probe is served",
-            )
+            # Wedged on probation: judged stalled, out, and sent nothing more; served again (a
+            # probe lifts the verdict), on probation again, its page still late.
+            judged_s = {}
+            for after_chunks in (1, 0):
+                pod.wedge(after_chunks=after_chunks)
+                wedged_at = loop.time()
+                judged_at, out_at = await judged_out(gateway, load, pod.port, "stalled")
+                judged_s[after_chunks] = judged_at - wedged_at
+                assert served_by(load, "pod-0", after=out_at) == 0
+                pod.unwedge()
+                await eventually(
+                    lambda: first_reason(gateway, pod.port) == "probation",
+                    within_s=60,
+                    what="back on probation once a probe is served",
+                )
+            # Then its first page ends the probation and it is weighed as any pod.
             pod.hold_metrics(0)
             await eventually(
                 lambda: (state := endpoint(gateway, pod.port)) is not None
@@ -137,6 +137,6 @@ async def test_a_restarted_pod_whose_metrics_hang_serves_on_probation(
     print(
         f"restarted pod served again {first_traffic_s:.2f} s after its restart (its /metrics"
         f" hanging), {share:.3f} of the requests on probation; wedged, judged stalled"
-        f" {judged_s:.2f} s later (after {after_chunks} chunks)"
+        f" {judged_s[1]:.2f} s later after a chunk, {judged_s[0]:.2f} s wedged at once"
     )
     assert first_traffic_s < FIRST_TRAFFIC_S
