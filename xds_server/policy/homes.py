@@ -40,8 +40,8 @@ most `home_placement_steps` steps a window; pools of more than `home_placed_max_
 keep the rule above (a window's search held the event loop up to 30 ms for 4 pods, 53 ms
 for 8, `python -m bench.key_placement`; and many keys a pod even out by themselves).
 
-Server replicas each measure their own window, so for a window their Envoys can hash a
-key to different pods (docs/routing.md says so).
+Server replicas each measure their own window, and place the keys their own Envoys log,
+so their Envoys can hash a key to different pods (docs/routing.md says so).
 
 Pure: the memory of the last call comes in, the next goes out; no clock, no I/O.
 """
