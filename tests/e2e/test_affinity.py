@@ -305,9 +305,10 @@ async def test_session_keys_follow_the_ring_weights_not_the_load_weights(stack: 
     # The load weights swing to one backend; the ring keeps its weights: no key moves.
     await stack.set_state(weights=(100_000, 1, 1, 1), ring_weights=(100,) * 4)
     assert await stack.homes(keys) == home
-    # Without ring weights the ring takes the load weights, and keys go with them.
+    # Without ring weights the ring takes the load weights, and keys go with them: all but
+    # one at most (each pod takes one slot of the 1,009 before weights count: maglev.py).
     await stack.set_state(weights=(100_000, 1, 1, 1))
-    assert set((await stack.homes(keys)).values()) == {"b0"}
+    assert sum(b == "b0" for b in (await stack.homes(keys)).values()) >= len(keys) - 1
 
 
 async def test_session_keys_follow_pod_names_not_addresses(stack: Stack) -> None:
