@@ -264,6 +264,18 @@ class Tuning(BaseModel):
         evidence="bench/results/homes-placed (c seeds 4-8: placing only to the tolerance left"
         " 13 prefix misses after the warm-up against the router's 7)",
     )
+    home_free_step_gain: float = _knob(
+        0.1,
+        gt=0.0,
+        le=1.0,
+        unit="share of the spread",
+        meaning="Within the tolerance, a step of the ring weights that moves no logged key is"
+        " taken when it lowers the spread of the pods' load (keys seen and to come) by this"
+        " share: it evens the slots where new keys land, at no prefix's cost, and a smaller"
+        " gain is not worth a push.",
+        evidence="bench/results/homes-few-moves/model.py (0.1 and 0.25 alike; 0 pushes for"
+        " nothing)",
+    )
     home_key_prior: float = _knob(
         3.0,
         le=1_000.0,

@@ -26,19 +26,33 @@ anyway). `home_max_factor` 1 keeps the hash's homes.
 
 Where the Envoys log the pool's session keys (hashed at once: xds/session_keys.py), the
 server knows every key's home, for Maglev's table is computed here as Envoy computes it
-(xds_server/maglev.py), and it places keys instead: at the end of a window, when the keys'
-requests (each key weighed by its recent requests plus `home_key_prior` times the mean, so
-that the noise of a key's requests does not move keys, while a key many times as busy as
-the others weighs as several) are off the pods' capacity shares by more than
-`home_tolerance`, it steps the most loaded pod's ring weight down the weight ladder, the
-least loaded pod's up, or both (one to three steps each, whichever evens the keys most,
-building the table for each), until the keys fall within `home_placement_target`, half the
-tolerance, or no step helps: a placement that just met the tolerance would be pushed past
-it again by the next key. The keys that move are the ones the steps move, no more; a window
-that finds the keys within the tolerance moves none, however the requests fluctuate. At
-most `home_placement_steps` steps a window; pools of more than `home_placed_max_pods` pods
-keep the rule above (a window's search held the event loop up to 30 ms for 4 pods, 53 ms
-for 8, `python -m bench.key_placement`; and many keys a pod even out by themselves).
+(xds_server/maglev.py), and it places keys instead. A key that moves loses its cached
+prefix, so the placement is built to move few:
+
+- Each key weighs its recent requests plus `home_key_prior` times the mean, so that the
+  noise of a key's requests does not move keys, while a key many times as busy as the
+  others weighs as several.
+- Keys not seen yet count too: the share of requests that will bring a new key is taken
+  as the share that brought a key seen once (Good-Turing's missing mass), and it lands
+  by the table's slot shares. Early on, when most keys are still to come, the slots
+  matter as much as the few keys seen; once the keys are known, the keys do.
+- At the end of a window, when some pod's load so reckoned is off its capacity share by
+  more than `home_tolerance` plus one mean key (so that no single new key moves others),
+  it steps the most loaded pod's ring weight down the weight ladder, the least loaded
+  pod's up, or both (zero to `home_step_span` steps each, building the table for each),
+  until the pods fall within `home_placement_target` or no step helps. Of the steps that
+  reach the target, the one that moves the fewest keys; otherwise the one that evens the
+  pods most. The keys that move are the ones the steps move, no more.
+- Within the tolerance, a step that moves no logged key but evens the slots for the keys
+  to come by `home_free_step_gain` is taken: it costs no prefix.
+
+An offline model over 200 random pools of scenario c's shape
+(bench/results/homes-few-moves/model.py) puts what the last three points buy: the moved
+keys' requests after c's warm-up (each a prefix miss) fell from 1.55 a run to 0.86, and
+from 3.27 to 1.15 with c@more-prefixes' 64 groups. At most `home_placement_steps` steps a
+window; pools of more than `home_placed_max_pods` pods keep the rule above (a window's
+search held the event loop up to 30 ms for 4 pods, 53 ms for 8, `python -m
+bench.key_placement`; and many keys a pod even out by themselves).
 
 Server replicas each measure their own window, and place the keys their own Envoys log,
 so their Envoys can hash a key to different pods (docs/routing.md says so).
@@ -194,12 +208,12 @@ def _rebalanced(
 
 @dataclass(frozen=True)
 class _Trial:
-    """Factors tried when placing keys: how spread they leave the keys' load over the pods
-    (capacity-weighted squared deviations), how much of it moves, and each pod's key-load
-    ratio."""
+    """Factors tried when placing keys: how spread they leave the load of the keys seen
+    and to come over the pods (capacity-weighted squared deviations), how many logged keys
+    move, and each pod's ratio of that load to its capacity share."""
 
     spread: float
-    moved: float
+    moved: int
     factors: dict[str, float]
     ratios: dict[str, float]
 
@@ -219,22 +233,33 @@ class _KeyPlacement:
         self._keys = keys
         capacity = sum(capacity_shares[k] for k in present)
         self._target = {k: capacity_shares[k] / capacity for k in present}
-        prior = tuning.home_key_prior * sum(keys.counts.values()) / len(keys.counts)
+        requests = sum(keys.counts.values())
+        prior = tuning.home_key_prior * requests / len(keys.counts)
         self._weight = {h: c + prior for h, c in keys.counts.items()}
         self._total = sum(self._weight.values())
         self._by_name = {keys.names[k]: k for k in present}
         self._start_homes: dict[int, str] = {}
+        # Good-Turing: the next request brings a new key as often as the requests so far
+        # brought a key seen once (its count, decayed, under 1.5).
+        once = sum(1 for c in keys.counts.values() if c < 1.5)
+        self.unseen = min(1.0, once / requests) if requests > 0 else 1.0
+        # One mean key's share of the smallest pod's: how far one new key moves a pod.
+        self.grain = (1 - self.unseen) / len(keys.counts) / min(self._target.values())
 
     def trial(self, factors: Mapping[str, float]) -> _Trial:
         sent = self._keys.weights(factors)
         table = maglev_table({self._keys.names[k]: sent[k] for k in self._present}, self._keys.size)
         homes = {h: self._by_name[table.host_of(h)] for h in self._weight}
-        ratios = dict.fromkeys(self._present, 0.0)
+        slots = table.shares()
+        ratios = {
+            k: self.unseen * slots[self._keys.names[k]] / self._target[k] for k in self._present
+        }
+        seen = 1 - self.unseen
         for h, w in self._weight.items():
-            ratios[homes[h]] += w / self._total / self._target[homes[h]]
+            ratios[homes[h]] += seen * w / self._total / self._target[homes[h]]
         if not self._start_homes:
             self._start_homes = homes
-        moved = sum(w for h, w in self._weight.items() if homes[h] != self._start_homes[h])
+        moved = sum(1 for h in self._weight if homes[h] != self._start_homes[h])
         # What a step must lower: any key that moves from a pod above its share to one below
         # lowers it, where the largest deviation may stay as it was for a while.
         spread = sum(self._target[k] * (r - 1) ** 2 for k, r in ratios.items())
@@ -265,15 +290,18 @@ def _placed(
     tuning: Tuning,
 ) -> tuple[dict[str, float], dict[str, float]] | None:
     """New factors, and the key-load ratios of the pods whose factor moved, when the keys'
-    homes in Envoy's table are off the capacity shares by more than the tolerance and a
-    few ladder steps bring them closer; None otherwise."""
+    homes in Envoy's table are off the capacity shares by more than the tolerance (plus a
+    key) and a few ladder steps bring them closer, or when a step that moves no key evens
+    the slots; None otherwise."""
     placement = _KeyPlacement(in_rotation, keys, capacity_shares, tuning)
     start = current = placement.trial(factors)
-    if _off(start) <= tuning.home_tolerance:
-        return None
+    if _off(start) <= tuning.home_tolerance + placement.grain:
+        return _free_step(placement, start, tuning)
     for _ in range(round(tuning.home_placement_steps)):
-        best = min(
-            placement.steps(current, tuning), key=lambda t: (t.spread, t.moved), default=None
+        trials = placement.steps(current, tuning)
+        done = [t for t in trials if _off(t) <= tuning.home_placement_target]
+        best = min(done, key=lambda t: (t.moved, t.spread), default=None) or min(
+            trials, key=lambda t: (t.spread, t.moved), default=None
         )
         if best is None or best.spread >= current.spread:
             break
@@ -289,6 +317,22 @@ def _placed(
         if current.factors.get(k, 1.0) != factors.get(k, 1.0)
     }
     return kept, changed
+
+
+def _free_step(
+    placement: _KeyPlacement, start: _Trial, tuning: Tuning
+) -> tuple[dict[str, float], dict[str, float]] | None:
+    """The step that moves no logged key and evens the slots (where the keys to come land)
+    the most, when it lowers the spread by `home_free_step_gain`; None otherwise."""
+    free = [
+        t
+        for t in placement.steps(start, tuning)
+        if t.moved == 0 and t.spread < start.spread * (1 - tuning.home_free_step_gain)
+    ]
+    best = min(free, key=lambda t: t.spread, default=None)
+    if best is None:
+        return None
+    return {k: f for k, f in best.factors.items() if f != 1.0}, {}
 
 
 def _off(trial: _Trial) -> float:
