@@ -213,7 +213,8 @@ class Tuning(BaseModel):
         le=10.0,
         unit="ratio - 1",
         meaning="Key homes move when some pod's share of the pool's load is off its share of"
-        " the capacity by more than this (0.2: beyond 1.2x or under 0.8x).",
+        " the capacity by more than this (0.2: beyond 1.2x or under 0.8x); logged keys, by"
+        " more than this plus one mean key, so that no single new key moves others.",
         evidence="bench/results/homes (c, seeds 4-8)",
     )
     home_max_factor: float = _knob(

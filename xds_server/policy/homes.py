@@ -48,8 +48,8 @@ prefix, so the placement is built to move few:
 
 An offline model over 200 random pools of scenario c's shape
 (bench/results/homes-few-moves/model.py) puts what the last three points buy: the moved
-keys' requests after c's warm-up (each a prefix miss) fell from 1.55 a run to 0.86, and
-from 3.27 to 1.15 with c@more-prefixes' 64 groups. At most `home_placement_steps` steps a
+keys' requests after c's warm-up (each a prefix miss) fell from 1.86 a run to 1.14, and
+from 5.11 to 2.04 with c@more-prefixes' 64 groups. At most `home_placement_steps` steps a
 window; pools of more than `home_placed_max_pods` pods keep the rule above (a window's
 search held the event loop up to 30 ms for 4 pods, 53 ms for 8, `python -m
 bench.key_placement`; and many keys a pod even out by themselves).

@@ -14,12 +14,15 @@ Measured after the 16 s warm-up, as the benchmark does:
 - `sticky`: each group homed at its first request on the pod with the fewest groups, as
   vllm-router's sticky_least_loaded does (no move, ever).
 
-Queueing, spills and the prefix caches' size are left out. Run from a worktree to compare
-rules: `PYTHONPATH=<worktree> python bench/results/homes-few-moves/model.py 200 32 6.67`.
+The run is the benchmark's: 48 s of arrivals, measured after 16 s. Queueing, spills and
+the prefix caches' size are left out. Arguments: runs, groups, requests/s, and tuning
+overrides as JSON; run from a worktree to compare rules:
+`PYTHONPATH=<worktree> python bench/results/homes-few-moves/model.py 200 32 6.67 '{}'`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -33,13 +36,12 @@ from xds_server.policy.signals import PodSignals
 from xds_server.policy.weights import quantize
 from xds_server.tuning import MAX_WEIGHT, Tuning
 
-RUN_S, WARM_UP_S, WINDOW_S, HALF_LIFE_S = 32.0, 16.0, 2.5, 60.0
+RUN_S, WARM_UP_S, WINDOW_S, HALF_LIFE_S = 48.0, 16.0, 2.6, 60.0
 PODS = ("p0", "p1", "p2", "p3")
 
 
-def run(seed: int, groups: int, rate: float, *, sticky: bool) -> tuple[int, float]:
+def run(seed: int, groups: int, rate: float, *, sticky: bool, tuning: Tuning) -> tuple[int, float]:
     """One run: the moved-key misses after the warm-up and the largest per-pod deviation."""
-    tuning = Tuning()
     rng = random.Random(seed)
     names = {k: f"ns/pod-{rng.getrandbits(32):08x}" for k in PODS}
 
@@ -105,9 +107,10 @@ def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     groups = int(sys.argv[2]) if len(sys.argv) > 2 else 32
     rate = float(sys.argv[3]) if len(sys.argv) > 3 else 6.67
+    tuning = Tuning().with_overrides(json.loads(sys.argv[4]) if len(sys.argv) > 4 else {})
     print(f"{runs} runs, {groups} groups at {rate} requests/s over 4 pods")
     for label, sticky in (("placed", False), ("sticky", True)):
-        results = [run(seed, groups, rate, sticky=sticky) for seed in range(runs)]
+        results = [run(s, groups, rate, sticky=sticky, tuning=tuning) for s in range(runs)]
         misses = [m for m, _ in results]
         spread = sorted(d for _, d in results)
         print(
