@@ -277,6 +277,16 @@ class Tuning(BaseModel):
         evidence="bench/results/homes-few-moves/model.py (0.1 and 0.25 alike; 0 pushes for"
         " nothing)",
     )
+    home_seen_once_count: float = _knob(
+        1.5,
+        gt=0.0,
+        le=100.0,
+        unit="requests (decayed)",
+        meaning="A logged key whose decayed request count is under this counts as seen once:"
+        " the share of requests that brought such keys is the share taken to bring keys"
+        " not seen yet (Good-Turing), which land by the session table's slots.",
+        evidence="design: halfway between one request and two",
+    )
     home_key_prior: float = _knob(
         3.0,
         le=1_000.0,

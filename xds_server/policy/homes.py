@@ -240,8 +240,8 @@ class _KeyPlacement:
         self._by_name = {keys.names[k]: k for k in present}
         self._start_homes: dict[int, str] = {}
         # Good-Turing: the next request brings a new key as often as the requests so far
-        # brought a key seen once (its count, decayed, under 1.5).
-        once = sum(1 for c in keys.counts.values() if c < 1.5)
+        # brought a key seen once (its count, decayed, under `home_seen_once_count`).
+        once = sum(1 for c in keys.counts.values() if c < tuning.home_seen_once_count)
         self.unseen = min(1.0, once / requests) if requests > 0 else 1.0
         # One mean key's share of the smallest pod's: how far one new key moves a pod.
         self.grain = (1 - self.unseen) / len(keys.counts) / min(self._target.values())
