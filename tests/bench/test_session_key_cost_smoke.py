@@ -1,0 +1,16 @@
+"""bench.session_key_cost at a small size: every entry counts, and the figures agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.session_key_cost import session_key_cost
+
+
+def test_session_key_cost_counts_every_key_and_reports_a_rate() -> None:
+    result = session_key_cost(pools=2, keys=8, entries=16, batches=20)
+    # 256 batches of 16 entries over 2 x 8 keys: every key was seen and is held.
+    assert result["keys_held"] == 16
+    assert result["entries_timed"] == 20 * 16
+    assert result["cpu_us_per_entry"] > 0
+    assert result["entries_per_core_s"] == pytest.approx(1e6 / result["cpu_us_per_entry"])
