@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import heapq
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -35,7 +36,12 @@ from xds_server.metrics.store import MetricsStore
 from xds_server.peering.kubernetes_peers import KubernetesPeers
 from xds_server.peering.links import PeerLinks
 from xds_server.peering.remote_clusters import RemoteClusters, pool_reports
-from xds_server.peering.reports import ReplicaReport
+from xds_server.peering.reports import (
+    MAX_REPORTED_SESSION_KEYS,
+    MAX_SESSION_KEYS,
+    ReplicaReport,
+    SessionKeysReport,
+)
 from xds_server.peering.service import PeeringServer
 from xds_server.settings import ServerSettings, TlsSettings
 from xds_server.sources.kubernetes import client as kubernetes_client
@@ -65,39 +71,95 @@ from xds_server.xds.tls import TlsCredentials, TlsFiles
 __all__ = ["LoggedKeyCounts", "XdsApplication"]
 
 
+_NO_KEYS: Mapping[str, Mapping[int, float]] = MappingProxyType({})
+
+
 class LoggedKeyCounts:
     """The controller's session keys (SessionKeysSource): per pool, each logged key hash's
-    recent requests. A new mapping when a pool gained a key or a key moved (the store's
-    revision), or when keys were logged and `refresh_s` passed: otherwise the same object,
-    so that a pool nobody sends keys to is decided as before, at no cost.
+    recent requests, this replica's own Envoys' and its peers' added up (peering/links.py).
+    The own part is a new mapping when a pool gained a key or a key moved (the store's
+    revision), or when keys were logged and `refresh_s` passed; the sum is a new mapping
+    when either part is: otherwise the same object, so that a pool nobody sends keys to
+    is decided as before, at no cost. `report` is the own part as peers are sent it.
 
     Mutable state: the revision and entry count read last, when, and what they gave."""
 
-    def __init__(self, keys: SessionKeys, *, clock: Clock, refresh_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        keys: SessionKeys,
+        *,
+        clock: Clock,
+        refresh_s: float = 2.0,
+        peers: Callable[[], Mapping[str, Mapping[int, float]]] | None = None,
+    ) -> None:
         self._keys = keys
         self._clock = clock
         self._refresh_s = refresh_s
+        self._peers = peers
         self._read: tuple[int, int] = (-1, -1)
         self._read_at = 0.0
-        self._counts: Mapping[str, Mapping[int, float]] = MappingProxyType({})
+        self._own: Mapping[str, Mapping[int, float]] = MappingProxyType({})
+        self._report = SessionKeysReport()
+        self._reported_from: object = None
+        self._added: tuple[object, object, Mapping[str, Mapping[int, float]]] = (
+            None,
+            None,
+            self._own,
+        )
 
-    def __call__(self) -> Mapping[str, Mapping[int, float]]:
+    def own(self) -> Mapping[str, Mapping[int, float]]:
+        """This replica's own Envoys' keys."""
         now = self._clock()
         read = (self._keys.revision, self._keys.entries)
         logged = read[1] != self._read[1] and now - self._read_at >= self._refresh_s
         if read[0] != self._read[0] or logged:
             self._read, self._read_at = read, now
-            self._counts = MappingProxyType(
+            self._own = MappingProxyType(
                 {
                     pool: MappingProxyType({h: seen.count for h, seen in keys.items()})
                     for pool, keys in self._keys.snapshot(now).items()
                 }
             )
-        return self._counts
+        return self._own
+
+    def report(self) -> SessionKeysReport:
+        """The own keys as peers are sent them: each pool's busiest, MAX_SESSION_KEYS at
+        most and an even share of MAX_REPORTED_SESSION_KEYS. The same object while they
+        are the same."""
+        own = self.own()
+        if own is not self._reported_from:
+            self._reported_from = own
+            share = min(MAX_SESSION_KEYS, MAX_REPORTED_SESSION_KEYS // max(1, len(own)))
+            self._report = SessionKeysReport(
+                pools={
+                    pool: tuple(
+                        sorted(
+                            (h, round(c, 3))
+                            for h, c in heapq.nlargest(share, keys.items(), key=lambda i: i[1])
+                        )
+                    )
+                    for pool, keys in own.items()
+                }
+            )
+        return self._report
+
+    def __call__(self) -> Mapping[str, Mapping[int, float]]:
+        own = self.own()
+        peers = self._peers() if self._peers is not None else _NO_KEYS
+        if own is not self._added[0] or peers is not self._added[1]:
+            pools: dict[str, dict[int, float]] = {p: dict(k) for p, k in own.items()}
+            for pool, keys in peers.items():
+                counts = pools.setdefault(pool, {})
+                for hashed, count in keys.items():
+                    counts[hashed] = counts.get(hashed, 0.0) + count
+            added = MappingProxyType({p: MappingProxyType(c) for p, c in pools.items()})
+            self._added = (own, peers, added if peers else own)
+        return self._added[2]
 
 
 def _tls_files(tls: TlsSettings) -> TlsFiles:
     return TlsFiles(cert=tls.cert, key=tls.key, client_ca=tls.client_ca)
+
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +246,10 @@ class XdsApplication:
             peers=self.peers,
             verdicts=self.verdicts,
         )
+        # The session keys this replica's Envoys log, and its peers' (policy/homes.py).
+        self.logged_keys = LoggedKeyCounts(
+            self.session_keys, clock=clock, peers=self.peers.session_keys
+        )
         store = MetricsStore()
         self.pods = PodMetricsSource(store, clock=clock)
         self.controller = Controller(
@@ -192,7 +258,7 @@ class XdsApplication:
             signals=self.pods.signals,
             load=self.envoy_load,
             remotes=self.remote_clusters,
-            session_keys=LoggedKeyCounts(self.session_keys, clock=clock),
+            session_keys=self.logged_keys,
             clock=clock,
         )
         self.load_reports.subscribe(self.controller.load_changed)
@@ -300,9 +366,7 @@ class XdsApplication:
             "failover": {
                 pool: plan.to_json() for pool, plan in self.controller.decision.failover.items()
             },
-            **self.envoy_load.to_json(
-                self.controller.config, self.controller.decision, node=node
-            ),
+            **self.envoy_load.to_json(self.controller.config, self.controller.decision, node=node),
         }
 
     def _own_report(self) -> ReplicaReport:
@@ -407,6 +471,7 @@ class XdsApplication:
                 PeeringServer(
                     report=self._own_report,
                     pools=self._pools_report,
+                    session_keys=self.logged_keys.report,
                     authenticator=self._authenticator,
                 ).generic_handler(),
             )

@@ -6,6 +6,8 @@
 - Keys the Envoy logs are placed: the server builds Envoy's Maglev table itself and steps
   the ring weights until each pod is home to its share of the keys, and each key goes
   where that table says.
+- A replica without Envoys of its own places the keys its peer's Envoy logged as the peer
+  does.
 - A pool whose prefix caches save few tokens per request stops sticking: one key's
   requests go round the pods, balanced by load; once the caches save many, keys stick
   again. The pool's gauge and the pods' reasons say so.
@@ -20,8 +22,10 @@ from pathlib import Path
 from tests.e2e.conftest import eventually
 from tests.e2e.session_pods import Pod, homes_on_every_pod, session_gateway
 from tests.e2e.session_pods import served as serving_pod
+from xds_server.app import XdsApplication
 from xds_server.maglev import MaglevTable, key_hash, maglev_table, table_size
 from xds_server.policy.state import PoolState
+from xds_server.settings import ServerSettings
 
 
 async def test_a_pod_that_keeps_spilling_hands_some_of_its_keys_to_the_others_for_good(
@@ -29,8 +33,7 @@ async def test_a_pod_that_keeps_spilling_hands_some_of_its_keys_to_the_others_fo
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         pods = [
-            await stack.enter_async_context(Pod(running=4, saved=2_000).serving())
-            for _ in range(3)
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
         ]
         # A window of 10 decisions (1 s); the caches pay, so keys stick throughout. The
         # spill rule: pools of over 2 pods do not have their logged keys placed.
@@ -97,9 +100,9 @@ async def test_keys_stop_sticking_where_the_caches_save_little_and_stick_again_w
 
         await eventually(lambda: suspended() == 1, within_s=30, what="affinity suspended")
         pool = gateway.app.controller.decision.pools["gpu"]
-        assert all(
-            [r.code for r in e.reasons] == ["affinity_suspended"] for e in pool.endpoints
-        ), pool
+        assert all([r.code for r in e.reasons] == ["affinity_suspended"] for e in pool.endpoints), (
+            pool
+        )
 
         async def spread() -> bool:
             return len({await serving_pod(http, gateway.url, "user-1") for _ in range(30)}) == 3
@@ -116,6 +119,26 @@ async def test_keys_stop_sticking_where_the_caches_save_little_and_stick_again_w
         await eventually(sticks, within_s=20, what="one key's requests on one pod")
 
 
+def _table(state: PoolState) -> MaglevTable:
+    """The pool's session table as the server's ring weights make it."""
+    size = table_size(len(state.endpoints))
+    return maglev_table({e.ring_key: e.ring_weight or 0 for e in state.endpoints}, size)
+
+
+def _uneven_keys(pool: PoolState) -> list[str]:
+    """32 keys the hash drops 14/8/6/4 on the pool's pods as they start (equal weights)."""
+    start = _table(pool)
+    wanted = dict(zip(start.hosts, (14, 8, 6, 4), strict=True))
+    keys: list[str] = []
+    for i in range(10_000):
+        host = start.host_of(key_hash(f"user-{i}"))
+        if wanted[host]:
+            wanted[host] -= 1
+            keys.append(f"user-{i}")
+    assert len(keys) == 32
+    return keys
+
+
 async def test_logged_keys_are_placed_evenly_and_go_where_the_server_computes(
     tmp_path: Path,
 ) -> None:
@@ -124,39 +147,67 @@ async def test_logged_keys_are_placed_evenly_and_go_where_the_server_computes(
     of them; every key then goes where the server's copy of Envoy's table says."""
     async with contextlib.AsyncExitStack() as stack:
         pods = [
-            await stack.enter_async_context(Pod(running=4, saved=2_000).serving())
-            for _ in range(4)
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(4)
         ]
         advanced = {"home_window_intervals": 10}
         gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
         pool = gateway.app.controller.decision.pools["gpu"]
-        size = table_size(len(pool.endpoints))
-
-        def table(state: PoolState) -> MaglevTable:
-            return maglev_table({e.ring_key: e.ring_weight or 0 for e in state.endpoints}, size)
-
-        # 32 keys the hash drops 14/8/6/4 on the pods as they start (equal weights).
-        start = table(pool)
-        wanted = dict(zip(start.hosts, (14, 8, 6, 4), strict=True))
-        keys: list[str] = []
-        for i in range(10_000):
-            host = start.host_of(key_hash(f"user-{i}"))
-            if wanted[host]:
-                wanted[host] -= 1
-                keys.append(f"user-{i}")
-        assert len(keys) == 32
+        keys = _uneven_keys(pool)
         port_of = {e.ring_key: e.port for e in pool.endpoints}
 
         async def placed() -> PoolState | None:
             for key in keys:
                 await serving_pod(http, gateway.url, key)
             state = gateway.app.controller.decision.pools["gpu"]
-            homes = Counter(table(state).host_of(key_hash(k)) for k in keys)
+            homes = Counter(_table(state).host_of(key_hash(k)) for k in keys)
             even = all(abs(homes[e.ring_key] / 8 - 1) <= 0.2 for e in state.endpoints)
             return state if even else None
 
         state = await eventually(placed, within_s=40, what="the logged keys placed evenly")
         assert any(r.code == "home_share" for e in state.endpoints for r in e.reasons), state
-        now = table(state)
+        now = _table(state)
         for key in keys:
             assert await serving_pod(http, gateway.url, key) == port_of[now.host_of(key_hash(key))]
+
+
+async def test_a_replica_places_the_keys_its_peers_envoys_logged(tmp_path: Path) -> None:
+    """Two peered replicas; only the first has an Envoy, which logs the keys. The second
+    takes them from its peer's reports and places them as the first does: an Envoy of
+    either replica sends every key to the same pod."""
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(4)
+        ]
+        advanced = {"home_window_intervals": 10}
+        gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
+        other = await stack.enter_async_context(
+            XdsApplication(
+                ServerSettings(
+                    config_path=tmp_path / "config.yaml",
+                    xds_port=0,
+                    admin_port=0,
+                    config_poll_s=3600,
+                    replica="other",
+                )
+            )
+        )
+        await other.wait_ready(within_s=20)
+        gateway.app.peers.set_peers([f"127.0.0.1:{other.xds_port}"])
+        other.peers.set_peers([f"127.0.0.1:{gateway.app.xds_port}"])
+        keys = _uneven_keys(gateway.app.controller.decision.pools["gpu"])
+
+        def homes(app: XdsApplication) -> dict[str, str]:
+            table = _table(app.controller.decision.pools["gpu"])
+            return {k: table.host_of(key_hash(k)) for k in keys}
+
+        async def placed_alike() -> dict[str, str] | None:
+            for key in keys:
+                await serving_pod(http, gateway.url, key)
+            placed = homes(gateway.app)
+            even = all(abs(n / 8 - 1) <= 0.2 for n in Counter(placed.values()).values())
+            return placed if even and homes(other) == placed else None
+
+        await eventually(placed_alike, within_s=60, what="both replicas placing the keys alike")
+        # The other replica's own Envoys logged nothing: the keys came from its peer.
+        assert other.logged_keys.own() == {}
+        assert set(other.logged_keys()["gpu"]) == {key_hash(k) for k in keys}

@@ -1,22 +1,31 @@
 """Links to peer replicas over real gRPC on loopback: reports arrive, a bad one is refused
 and counted, a peer never heard from holds back its part of the budget, a dead peer's last
-report is kept, and a peer removed from the set is forgotten."""
+report is kept, a peer removed from the set is forgotten, and peers' session keys are
+added up."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+import pydantic
 import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.e2e.conftest import eventually
 from xds_server.peering.links import PeerLinks
-from xds_server.peering.reports import ClusterReport, EnvoyReport, ReplicaReport
-from xds_server.peering.service import PEERING_SERVICE, PeeringServer
+from xds_server.peering.reports import (
+    MAX_SESSION_KEYS,
+    ClusterReport,
+    EnvoyReport,
+    ReplicaReport,
+    SessionKeysReport,
+)
+from xds_server.peering.service import KEYS_HELLO, PEERING_SERVICE, WATCH_METHOD, PeeringServer
 from xds_testbed.server_process import free_port
 
 REPORT = ReplicaReport(
@@ -141,5 +150,83 @@ async def test_the_service_sends_changes_and_heartbeats_only(
         assert (registry.get_sample_value("xds_peer_reports_total") or 0) - received <= 2
         current[0] = ReplicaReport(replica="b")
         await eventually(lambda: peers.reports()[0][0].envoys == (), what="the changed report")
+    finally:
+        await server.stop(None)
+
+
+async def test_a_peers_session_keys_come_once_when_they_change_and_are_added_up(
+    links: tuple[PeerLinks, CollectorRegistry, list[int]],
+) -> None:
+    """Two peers' own Envoys logged keys of pool p (one key both): this replica adds them
+    up per pool. Keys come in a stream's first report and when they change; reports in
+    between leave them standing; the sum is the same object until new keys come."""
+    peers, registry, _ = links
+    keys = {
+        "b": [SessionKeysReport(pools={"p": ((1, 2.0), (7, 1.5))})],
+        "c": [SessionKeysReport(pools={"p": ((7, 3.0),), "q": ((9, 1.0),)})],
+    }
+    load = [REPORT]
+    servers = []
+    for name in ("b", "c"):
+        service = PeeringServer(
+            report=lambda: load[0],
+            session_keys=functools.partial(lambda n: keys[n][0], name),
+            interval_s=0.01,
+            heartbeat_s=0.05,
+        )
+        servers.append(await _serve(service.generic_handler()))
+    try:
+        peers.set_peers([address for _, address in servers])
+        await eventually(lambda: len(peers.session_keys()) == 2, what="both peers' keys")
+        added = peers.session_keys()
+        assert added == {"p": {1: 2.0, 7: 4.5}, "q": {9: 1.0}}
+        shown = sorted((sorted(p["session_keys"].items()) for p in peers.to_json()), key=str)
+        assert shown == [[("p", 1), ("q", 1)], [("p", 2)]], "/debug/nodes: keys per pool"
+        # Heartbeats and load changes without keys: the keys stand, and the sum is the same.
+        received = registry.get_sample_value("xds_peer_reports_total") or 0
+        load[0] = ReplicaReport(replica="b")
+        await eventually(
+            lambda: (registry.get_sample_value("xds_peer_reports_total") or 0) > received + 4,
+            what="reports without keys",
+        )
+        assert peers.session_keys() is added
+        keys["b"][0] = SessionKeysReport(pools={"p": ((1, 5.0),)})
+        await eventually(lambda: peers.session_keys()["p"].get(1) == 5.0, what="b's new keys")
+        assert peers.session_keys() == {"p": {1: 5.0, 7: 3.0}, "q": {9: 1.0}}
+    finally:
+        for server, _ in servers:
+            await server.stop(None)
+
+
+def test_session_keys_reports_are_bounded() -> None:
+    ReplicaReport.model_validate_json(
+        json.dumps({"replica": "b", "session_keys": {"pools": {"p": [[2**64 - 1, 1.5]]}}})
+    )
+    for bad in (
+        [[2**64, 1.0]],  # not a 64-bit hash
+        [[-1, 1.0]],
+        [[3, -1.0]],  # a negative count
+        [[i, 1.0] for i in range(MAX_SESSION_KEYS + 1)],  # more keys than a pool keeps
+    ):
+        with pytest.raises(pydantic.ValidationError):
+            ReplicaReport.model_validate_json(
+                json.dumps({"replica": "b", "session_keys": {"pools": {"p": bad}}})
+            )
+
+
+async def test_a_replica_that_does_not_ask_for_session_keys_is_sent_none() -> None:
+    """A replica that predates session keys says nothing of them in its hello, and would
+    refuse a report with a field it does not know: it is sent none."""
+    keys = SessionKeysReport(pools={"p": ((1, 2.0),)})
+    service = PeeringServer(report=lambda: REPORT, session_keys=lambda: keys)
+    server, address = await _serve(service.generic_handler())
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            watch = channel.unary_stream(WATCH_METHOD)
+            for hello, sent in ((b"old-replica", False), (b"new-replica" + KEYS_HELLO, True)):
+                call = watch(hello)
+                first = json.loads(await call.read())
+                call.cancel()
+                assert ("session_keys" in first) is sent, (hello, first)
     finally:
         await server.stop(None)

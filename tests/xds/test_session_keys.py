@@ -225,3 +225,26 @@ def test_the_controllers_counts_are_the_same_object_until_keys_are_logged() -> N
     assert counts() is again, "logged, but within the refresh interval"
     keys.logged(entry("bob"))
     assert key_hash("bob") in counts()["p"], "a new key: at once"
+
+
+def test_peers_keys_are_added_to_the_own_and_the_own_alone_is_reported() -> None:
+    """LoggedKeyCounts adds the peers' keys (peering/links.py) to this replica's own for
+    the controller; peers are sent the own keys only (theirs would come back doubled),
+    the same report object until the own keys change."""
+    clock = Clock()
+    keys = store(clock)
+    peer_keys: list[dict[str, dict[int, float]]] = [{}]
+    counts = LoggedKeyCounts(keys, clock=clock, peers=lambda: peer_keys[0])
+    keys.logged(entry("alice"))
+    own = counts()
+    assert own == {"p": {key_hash("alice"): pytest.approx(1.0)}}
+    report = counts.report()
+    assert report.pools == {"p": ((key_hash("alice"), 1.0),)} and counts.report() is report
+    peer_keys[0] = {"p": {key_hash("alice"): 2.0, 5: 1.0}, "q": {6: 3.0}}
+    added = counts()
+    assert added == {"p": {key_hash("alice"): 3.0, 5: 1.0}, "q": {6: 3.0}}
+    assert counts() is added, "the same object while neither part changed"
+    assert counts.report() is report, "the peers' keys are not reported"
+    keys.logged(entry("bob"))
+    assert key_hash("bob") in counts()["p"]
+    assert {h for h, _ in counts.report().pools["p"]} == {key_hash("alice"), key_hash("bob")}

@@ -11,6 +11,11 @@ until they show up somewhere else (an Envoy whose replica died reconnects to a s
 whose own view of it then wins); a peer never heard from holds back an equal part of
 every budget for the Envoys it may have (`reserved`). A peer removed from the set (its pod
 is gone) is forgotten at once.
+
+Replica links also take each peer's session keys (those its own Envoys logged; reports
+carry them only when they changed), and `session_keys` adds them up per pool, so that
+every replica places a pool's keys from all the keys the fleet's Envoys logged. A quiet
+peer's last keys stay, as its load does, until it leaves the set.
 """
 
 from __future__ import annotations
@@ -18,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import grpc
@@ -27,8 +33,8 @@ import pydantic
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from xds_server.clock import Clock, loop_clock
-from xds_server.peering.reports import MAX_REPORT_BYTES, ReplicaReport
-from xds_server.peering.service import POOLS_HELLO, WATCH_METHOD
+from xds_server.peering.reports import MAX_REPORT_BYTES, ReplicaReport, SessionKeysReport
+from xds_server.peering.service import KEYS_HELLO, POOLS_HELLO, WATCH_METHOD
 
 __all__ = ["PeerLinks", "PeerState"]
 
@@ -46,6 +52,8 @@ class PeerState:
     connected: bool = False
     failures: int = 0
     last_error: str | None = None
+    # The session keys its own Envoys logged, as last sent.
+    session_keys: SessionKeysReport | None = None
 
 
 def _identity(data: bytes) -> bytes:
@@ -77,7 +85,7 @@ class PeerLinks:
         metric_prefix: str = "xds_peer",
     ) -> None:
         self._replica = replica
-        self._hello = replica.encode() + (POOLS_HELLO if pools else b"")
+        self._hello = replica.encode() + (POOLS_HELLO if pools else KEYS_HELLO)
         self._credentials = credentials
         self._server_name = server_name
         self._on_change = on_change
@@ -86,6 +94,12 @@ class PeerLinks:
         self._backoff_s = backoff_s
         self._peers: dict[str, PeerState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._keys_added: tuple[
+            tuple[SessionKeysReport, ...], Mapping[str, Mapping[int, float]]
+        ] = (
+            (),
+            MappingProxyType({}),
+        )
         self._up = Gauge(
             f"{metric_prefix}_up",
             "1 while the peer's load stream is open and heard from within a second.",
@@ -160,6 +174,23 @@ class PeerLinks:
         unseen = sum(1 for p in peers if p.report is None)
         return unseen / (len(peers) + 1)
 
+    def session_keys(self) -> Mapping[str, Mapping[int, float]]:
+        """Per pool, each session key hash's decayed count over every peer's own Envoys:
+        the same object while no peer sent new keys."""
+        peers = sorted(self._peers.values(), key=lambda p: p.address)
+        reports = tuple(p.session_keys for p in peers if p.session_keys is not None)
+        last = self._keys_added[0]
+        if len(reports) != len(last) or any(a is not b for a, b in zip(reports, last, strict=True)):
+            added: dict[str, dict[int, float]] = {}
+            for report in reports:
+                for pool, keys in report.pools.items():
+                    counts = added.setdefault(pool, {})
+                    for hashed, count in keys:
+                        counts[hashed] = counts.get(hashed, 0.0) + count
+            frozen = MappingProxyType({p: MappingProxyType(c) for p, c in added.items()})
+            self._keys_added = (reports, frozen)
+        return self._keys_added[1]
+
     def is_up(self, address: str) -> bool:
         """The link to `address` is open and was heard from lately."""
         state = self._peers.get(address)
@@ -178,7 +209,8 @@ class PeerLinks:
         return int(state.connected and not quiet)
 
     def to_json(self) -> list[dict[str, object]]:
-        """For /debug/nodes: each peer, whether it is up, and the Envoys it reports."""
+        """For /debug/nodes: each peer, whether it is up, the Envoys it reports and how
+        many session keys they logged."""
         now = self._clock()
         return [
             {
@@ -189,6 +221,10 @@ class PeerLinks:
                 "failures": p.failures,
                 "last_error": p.last_error,
                 "envoys": sorted(e.node_id for e in p.report.envoys) if p.report else [],
+                # Per pool, how many session keys its own Envoys logged (as last sent).
+                "session_keys": {pool: len(keys) for pool, keys in p.session_keys.pools.items()}
+                if p.session_keys is not None
+                else {},
             }
             for p in sorted(self._peers.values(), key=lambda p: p.address)
         ]
@@ -239,6 +275,8 @@ class PeerLinks:
                 state.connected = True
                 state.failures = 0
                 state.report, state.received_at = report, self._clock()
+                if report.session_keys is not None:
+                    state.session_keys = report.session_keys
                 self._reports.inc()
                 self._changed()
             state.last_error = "the load stream ended"

@@ -11,6 +11,12 @@ per-pool summaries instead (`pools`, service.py): each pool's healthy pods, satu
 capacity and whether it is failing over itself. A replica that predates them sends none
 (`pools` None), and is used blind (policy/failover.py).
 
+A replica that asks for them (service.py's KEYS_HELLO) is also sent the session keys its
+peer's own Envoys logged (`session_keys`: per pool, each key's hash and decayed count), in
+the first report of a stream and whenever they change, so that replicas place a pool's
+keys from the same keys (policy/homes.py). Reports without them leave the peer's last ones
+standing.
+
 Reports cross the network as JSON and are distrusted like any input: sizes and counts are
 bounded, numbers must be finite and non-negative, and unknown fields are refused.
 """
@@ -21,7 +27,16 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ClusterReport", "EnvoyReport", "MAX_REPORT_BYTES", "PoolReport", "ReplicaReport"]
+__all__ = [
+    "ClusterReport",
+    "EnvoyReport",
+    "MAX_REPORT_BYTES",
+    "MAX_REPORTED_SESSION_KEYS",
+    "MAX_SESSION_KEYS",
+    "PoolReport",
+    "ReplicaReport",
+    "SessionKeysReport",
+]
 
 # A report larger than this is refused (thousands of Envoys and clusters fit well within).
 MAX_REPORT_BYTES = 8 * 1024 * 1024
@@ -29,6 +44,12 @@ MAX_REPORT_BYTES = 8 * 1024 * 1024
 _Name = Annotated[str, Field(min_length=1, max_length=512)]
 _Count = Annotated[int, Field(ge=0, le=10_000_000)]
 _Rate = Annotated[float, Field(ge=0, le=1e9, allow_inf_nan=False)]
+# Session keys per pool a report may carry: xds/session_keys.py keeps at most as many.
+MAX_SESSION_KEYS = 1024
+# Session keys a report carries in all (about 30 bytes each in JSON: 2 MB, well within
+# MAX_REPORT_BYTES); a replica with more pools sends each pool's busiest share of them.
+MAX_REPORTED_SESSION_KEYS = 65_536
+_KeyHash = Annotated[int, Field(ge=0, lt=2**64)]
 
 
 class _Strict(BaseModel):
@@ -76,6 +97,18 @@ class PoolReport(_Strict):
     failing_over: bool = False
 
 
+class SessionKeysReport(_Strict):
+    """The session keys a replica's own Envoys logged: per pool, (key hash, decayed
+    request count) pairs."""
+
+    pools: Annotated[
+        dict[
+            _Name, Annotated[tuple[tuple[_KeyHash, _Rate], ...], Field(max_length=MAX_SESSION_KEYS)]
+        ],
+        Field(max_length=10_000),
+    ] = {}
+
+
 class ReplicaReport(_Strict):
     """Everything one replica knows of its own Envoys, or (asked by another cluster's
     server) of its pools."""
@@ -83,3 +116,5 @@ class ReplicaReport(_Strict):
     replica: _Name
     envoys: Annotated[tuple[EnvoyReport, ...], Field(max_length=10_000)] = ()
     pools: Annotated[dict[_Name, PoolReport] | None, Field(max_length=10_000)] = None
+    # Its own Envoys' session keys, when they changed since this stream last sent them.
+    session_keys: SessionKeysReport | None = None

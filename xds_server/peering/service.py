@@ -7,6 +7,11 @@ and this replica answers with its report (reports.py) as JSON, again whenever it
 quiet replica from a dead one. A report is built from the replica's Envoys only: what it
 hears from its own peers is never passed on, so nothing is counted twice.
 
+A replica that ends its hello with `KEYS_HELLO` is also sent this replica's own Envoys'
+session keys (reports.SessionKeysReport): in the stream's first report and whenever they
+change, and left out otherwise (they change every few seconds, the load every 50 ms). A
+replica that predates them sends no such suffix, and is sent none.
+
 A server of another cluster ends its hello with `POOLS_HELLO` and is sent this cluster's
 per-pool summaries instead (`pools`: reports.PoolReport), on the same stream and mTLS. A
 replica that predates them reads the suffix as part of the peer's name and sends its
@@ -22,10 +27,10 @@ from typing import Any
 
 import grpc
 
-from xds_server.peering.reports import ReplicaReport
+from xds_server.peering.reports import ReplicaReport, SessionKeysReport
 from xds_server.xds.identity import Authenticator
 
-__all__ = ["PEERING_SERVICE", "POOLS_HELLO", "PeeringServer", "WATCH_METHOD"]
+__all__ = ["KEYS_HELLO", "PEERING_SERVICE", "POOLS_HELLO", "PeeringServer", "WATCH_METHOD"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +40,8 @@ WATCH_METHOD = f"/{PEERING_SERVICE}/Watch"
 _MAX_HELLO_BYTES = 1024
 # What a hello ends with when the peer asks for per-pool summaries.
 POOLS_HELLO = b"\npools"
+# What a replica's hello ends with when it takes its peer's session keys.
+KEYS_HELLO = b"\nkeys"
 
 
 def _identity(data: bytes) -> bytes:
@@ -50,12 +57,14 @@ class PeeringServer:
         *,
         report: Callable[[], ReplicaReport],
         pools: Callable[[], ReplicaReport] | None = None,
+        session_keys: Callable[[], SessionKeysReport] | None = None,
         authenticator: Authenticator | None = None,
         interval_s: float = 0.05,
         heartbeat_s: float = 0.25,
     ) -> None:
         self._report = report
         self._pools = pools
+        self._session_keys = session_keys
         self._authenticator = authenticator
         self._interval_s = interval_s
         self._heartbeat_s = heartbeat_s
@@ -79,14 +88,18 @@ class PeeringServer:
         if len(hello) > _MAX_HELLO_BYTES:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the hello is too long")
         source = self._report
+        keys = None
         if hello.endswith(POOLS_HELLO) and self._pools is not None:
             hello, source = hello.removesuffix(POOLS_HELLO), self._pools
+        elif hello.endswith(KEYS_HELLO):
+            hello, keys = hello.removesuffix(KEYS_HELLO), self._session_keys
         peer = hello.decode("utf-8", errors="replace") or context.peer()
         logger.info("Peer %r watches this replica's load (from %s).", peer, context.peer())
         loop = asyncio.get_running_loop()
         last = b""
         sent_at = float("-inf")
         encoded: tuple[ReplicaReport, bytes] | None = None
+        keys_sent: SessionKeysReport | None = None
         try:
             while True:
                 # The report is the same object while nothing changed (fleet_load.py):
@@ -96,10 +109,16 @@ class PeeringServer:
                     # Fields left at None are left out: a replica that predates them
                     # (`pools`) refuses what it does not know.
                     encoded = (report, report.model_dump_json(exclude_none=True).encode())
-                body = encoded[1]
-                if body != last or loop.time() - sent_at >= self._heartbeat_s:
+                body = plain = encoded[1]
+                # The same object while no key was logged (app.py): sent when it is not.
+                session_keys = keys() if keys is not None else None
+                if session_keys is not None and session_keys is not keys_sent:
+                    with_keys = report.model_copy(update={"session_keys": session_keys})
+                    body = with_keys.model_dump_json(exclude_none=True).encode()
+                    keys_sent = session_keys
+                if body is not plain or plain != last or loop.time() - sent_at >= self._heartbeat_s:
                     yield body
-                    last, sent_at = body, loop.time()
+                    last, sent_at = plain, loop.time()
                 await asyncio.sleep(self._interval_s)
         except asyncio.CancelledError:
             # The server is stopping, or the peer went away: the stream just ends (grpc
