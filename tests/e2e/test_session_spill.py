@@ -2,12 +2,14 @@
 while that pod is healthy and does not queue; when it queues, new requests of its keys go
 to the other pods (balanced by the pool's weights through the spill listener, or with
 `spill_to: ring` each key to the next pod of its Maglev permutation), stay off while its
-batch is still full, and come back once it has room. Keys of other pods never move."""
+batch is still full, and come back once it has room. Keys of other pods stay where they
+are (with `ring`, but for the few Maglev's rebuild moves, where its table says)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from pathlib import Path
 
 import aiohttp
@@ -18,8 +20,28 @@ from tests.e2e.session_pods import Pod, homes_on_every_pod, session_config, sess
 from tests.e2e.session_pods import served as serving_pod
 from xds_server.app import XdsApplication
 from xds_server.envoy import names, render_bootstrap
+from xds_server.maglev import RING_SPILL_TABLE_SIZE, key_hash, maglev_table
 from xds_server.settings import ServerSettings
 from xds_testbed.envoy_process import EnvoyProcess
+
+
+def _ring_homes(app: XdsApplication, keys: Iterable[str], without: int | None) -> dict[str, int]:
+    """Where a `spill_to: ring` table (Envoy's 65,537 slots, as the server computes it)
+    of the pool's pods but `without` puts each key."""
+    pool = app.controller.decision.pools["gpu"]
+    kept = [e for e in pool.endpoints if e.port != without]
+    table = maglev_table({e.ring_key: e.ring_weight or 0 for e in kept}, RING_SPILL_TABLE_SIZE)
+    port_of = {e.ring_key: e.port for e in kept}
+    return {k: port_of[table.host_of(key_hash(k))] for k in keys}
+
+
+def _other_homes(
+    app: XdsApplication, home: dict[str, int], hot: int, *, left: bool
+) -> dict[str, int]:
+    """Where the keys of the pods other than `hot` go while it spills: their homes, or
+    with `left` (it left the table) where the table of the other pods puts them."""
+    others = {k: p for k, p in home.items() if p != hot}
+    return _ring_homes(app, others, without=hot) if left else others
 
 
 @pytest.mark.parametrize("spill_to", ["pool", "ring"])
@@ -28,9 +50,10 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
         pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
-        # The hash's homes throughout: the spill alone moves keys here (placing the logged
-        # keys would move some in the first windows: tests/e2e/test_key_homes.py).
-        hash_homes = {"home_placed_max_pods": 2}
+        # The hash's homes throughout (`home_max_factor` 1): the spill alone moves keys
+        # here. Placing the logged keys would move some in the first windows, and a pod
+        # spilling through a window has its ring weight cut (tests/e2e/test_key_homes.py).
+        hash_homes = {"home_max_factor": 1}
         gateway, http = await session_gateway(
             stack, pods, tmp_path, spill_to=spill_to, advanced=hash_homes
         )
@@ -57,10 +80,14 @@ async def test_a_queueing_pods_keys_spill_and_return_and_other_keys_stay(
             return all([await served(k) != hot for k in hot_keys])
 
         await eventually(spilled, within_s=20, what="the hot pod's keys to spill")
-        for key in cold_keys:
-            assert await served(key) == cold, key
-        for key in (k for k, p in home.items() if p not in (hot, cold)):
-            assert await served(key) == home[key], key
+        # Every other key stays: with "pool" the pod keeps its slots, with "ring" it leaves
+        # the table, and Maglev keeps the other pods' keys but for a few of its rebuild
+        # (0.02% of slots at the median), which its table (the server's copy) says.
+        stays = _other_homes(gateway.app, home, hot, left=spill_to == "ring")
+        assert set(stays.values()) <= {p.port for p in pods[1:]}
+        assert sum(stays[k] != home[k] for k in stays) <= len(stays) // 10, (stays, home)
+        for key, port in stays.items():
+            assert await served(key) == port, key
         # Where one spilled key goes: with "pool", round the other pods by their (equal)
         # weights; with "ring", always the one next pod of its permutation.
         where = {await served(hot_keys[0]) for _ in range(8)}
@@ -101,7 +128,11 @@ async def test_an_envoy_without_the_internal_listener_extension_gets_spills_to_t
     async with contextlib.AsyncExitStack() as stack:
         pods = [await stack.enter_async_context(Pod().serving()) for _ in range(3)]
         path = tmp_path / "config.yaml"
-        path.write_text(session_config(pods, spill_to="pool").model_dump_json())
+        # The hash's homes throughout, as above.
+        hash_homes = {"home_max_factor": 1}
+        path.write_text(
+            session_config(pods, spill_to="pool", advanced=hash_homes).model_dump_json()
+        )
         settings = ServerSettings(config_path=path, xds_port=0, admin_port=0, config_poll_s=3600)
         app = await stack.enter_async_context(XdsApplication(settings))
         await app.wait_ready(within_s=20)
@@ -132,10 +163,13 @@ async def test_an_envoy_without_the_internal_listener_extension_gets_spills_to_t
             return await serving_pod(http, url, user)
 
         async def homes() -> dict[str, int] | None:
+            """The keys' homes, once the Envoy hashes them over the ring's table (Envoy's
+            65,537 slots: the server's copy says where each key goes)."""
             found = {f"user-{i}": await served(f"user-{i}") for i in range(60)}
-            return found if len(set(found.values())) == 3 else None
+            ring = _ring_homes(app, found, without=None)
+            return found if found == ring and len(set(found.values())) == 3 else None
 
-        home = await eventually(homes, within_s=20, what="keys on all three pods")
+        home = await eventually(homes, within_s=20, what="keys on all three pods, as the ring")
         hot = pods[0].port
         hot_keys = [k for k, p in home.items() if p == hot]
         assert hot_keys
@@ -148,5 +182,7 @@ async def test_an_envoy_without_the_internal_listener_extension_gets_spills_to_t
         await eventually(spilled, within_s=20, what="the hot pod's keys to spill")
         for key in hot_keys:
             assert len({await served(key) for _ in range(4)}) == 1, key
-        for key in (k for k, p in home.items() if p != hot):
-            assert await served(key) == home[key], key
+        stays = _other_homes(app, home, hot, left=True)
+        assert sum(stays[k] != home[k] for k in stays) <= len(stays) // 10, (stays, home)
+        for key, port in stays.items():
+            assert await served(key) == port, key

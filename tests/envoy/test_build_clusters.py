@@ -22,6 +22,7 @@ from xds_server.envoy.clusters import (
     ROUND_ROBIN_POLICY,
     SUBSET_POLICY,
 )
+from xds_server.maglev import RING_SPILL_TABLE_SIZE, table_size
 from xds_server.xds.resources import ResourceType
 from xds_server.xds.snapshot import Snapshot
 
@@ -191,6 +192,15 @@ def test_the_session_cluster_hashes_with_bounded_load(affinity_config: RoutingCo
     assert policy.name == MAGLEV_POLICY
     assert policy.typed_config.Unpack(ring)
     assert ring.consistent_hashing_lb_config.hash_balance_factor.value == 175
+    # The table the server builds too (maglev.table_size); with `spill_to: ring`, where a
+    # spilling pod leaves it, Envoy's own size, which moves fewer of the other pods' keys.
+    assert ring.table_size.value == table_size(len(pool.endpoints))
+    ring_spill = affinity_config.model_copy(
+        update={"balancing": affinity_config.balancing.model_copy(update={"spill_to": "ring"})}
+    )
+    policy = _policy_of(build_session_cluster(ring_spill, no_adapters))
+    assert policy.typed_config.Unpack(ring)
+    assert ring.table_size.value == RING_SPILL_TABLE_SIZE
 
 
 def test_every_cluster_has_its_assignment(affinity_config: RoutingConfig) -> None:

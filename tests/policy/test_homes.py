@@ -307,3 +307,35 @@ def test_balanced_keys_move_nothing_and_too_few_keys_keep_the_spill_rule() -> No
     assert _placed_run(keys, WINDOW, placed).factors == placed.factors
     few = _logged_keys({key_hash("only"): 1.0, key_hash("two"): 1.0})
     assert _placed_run(few, 2 * WINDOW).factors == {}  # no pod spills: the spill rule keeps all
+
+
+def test_score_pool_places_logged_keys_only_where_spills_keep_the_table() -> None:
+    """With `spill_to: pool` a spilling pod keeps its slots, and the logged keys are placed
+    (here 4/6/7/15 over the pool's four pods); with `ring` it leaves the table, whose
+    size is then Envoy's own (maglev.py), and the keys keep the hash's homes."""
+    pool = _pool(True)
+    busy = {
+        f"10.0.0.1:{8000 + i}": PodSignals(silent_s=0.0, waiting=0.0, running=5.0)
+        for i in range(4)
+    }
+    names = {f"10.0.0.1:{8000 + i}": f"10.0.0.1:{8000 + i}" for i in range(4)}
+    table = maglev_table(dict.fromkeys(names.values(), MAX_WEIGHT), table_size(4))
+    counts: Counter[str] = Counter()
+    keys: dict[int, float] = {}
+    for i in range(10_000):
+        hashed = key_hash(f"key-{i}")
+        host = table.host_of(hashed)
+        if counts[host] < (15, 7, 6, 4)[sorted(names.values()).index(host)]:
+            counts[host] += 1
+            keys[hashed] = 3.0
+    assert len(keys) == 32
+    for spill_to, placed in (("pool", True), ("ring", False)):
+        settings = BalancingConfig(spill_to=spill_to)
+        homes, memory = HomeMemory(), {}
+        for _ in range(WINDOW):
+            scored = score_pool(
+                pool, settings=settings, signals=busy, memory=memory, homes=homes,
+                session_keys=keys,
+            )  # fmt: skip
+            homes, memory = scored.homes, scored.memory
+        assert bool(homes.factors) is placed, (spill_to, homes)

@@ -92,7 +92,7 @@ from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ig
 
 from xds_server.config import BANDS, Lane, PoolConfig, RemoteConfig, RoutingConfig
 from xds_server.envoy import _protos, names
-from xds_server.maglev import table_size
+from xds_server.maglev import RING_SPILL_TABLE_SIZE, table_size
 
 __all__ = [
     "BAND_MAX_REQUESTS",
@@ -250,18 +250,22 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     must go to other pods without moving theirs. Ring hash rebuilds its ring with more
     points per remaining host, so about one key in eight of the other pods moved too (4
     pods, simulated); Maglev's table keeps the other pods' entries (0.05% moved) and takes
-    them back on return. It hashes each endpoint's hostname, its name (endpoints.py),
-    not its address. Its table size is maglev.table_size's for the pool: the server builds
-    the same table to know where each key goes (homes.py)."""
+    them back on return (with Envoy's table of 65,537 slots, which `spill_to: ring` keeps;
+    maglev.py). It hashes each endpoint's hostname, its name (endpoints.py), not its
+    address. With `spill_to: pool` (the pod stays in the table) its table size is
+    maglev.table_size's for the pool: the server builds the same table to know where each
+    key goes (homes.py)."""
+    spills_by_leaving = config.balancing.spill_to == "ring"
+    size = RING_SPILL_TABLE_SIZE if spills_by_leaving else table_size(len(pool.endpoints))
     maglev = extension_pb2.TypedExtensionConfig(
         name=MAGLEV_POLICY,
         typed_config=_protos.pack(
             maglev_pb2.Maglev(
-                table_size=_protos.uint64(table_size(len(pool.endpoints))),
+                table_size=_protos.uint64(size),
                 consistent_hashing_lb_config=common_pb2.ConsistentHashingLbConfig(
                     use_hostname_for_hashing=True,
                     hash_balance_factor=_protos.uint32(config.balancing.hash_balance_factor),
-                )
+                ),
             )
         ),
     )

@@ -319,7 +319,8 @@ def _ring_weights(
         }
 
     keys = None
-    if session_keys:
+    # With `spill_to: ring` the table is Envoy's largest (maglev.py): its keys are not placed.
+    if session_keys and settings.spill_to == "pool":
         keys = LoggedKeys(
             counts=session_keys,
             names={endpoint_id(e): e.ring_key for e in pool.endpoints},
