@@ -32,7 +32,7 @@ from collections.abc import Mapping
 
 import xxhash
 
-__all__ = ["RING_SPILL_TABLE_SIZE", "MaglevTable", "key_hash", "maglev_table", "table_size"]
+__all__ = ["MaglevTable", "RING_SPILL_TABLE_SIZE", "key_hash", "maglev_table", "table_size"]
 
 # Table sizes (primes, as Envoy requires), smallest first, and the slots a host should have.
 _TABLE_SIZES = (1009, 4099, 16411, 65537)

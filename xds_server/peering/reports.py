@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ClusterReport",
     "EnvoyReport",
-    "MAX_REPORT_BYTES",
     "MAX_REPORTED_SESSION_KEYS",
+    "MAX_REPORT_BYTES",
     "MAX_SESSION_KEYS",
     "PoolReport",
     "ReplicaReport",

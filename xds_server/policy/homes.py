@@ -54,11 +54,10 @@ window; pools of more than `home_placed_max_pods` pods keep the rule above (a wi
 search held the event loop up to 30 ms for 4 pods, 53 ms for 8, `python -m
 bench.key_placement`; and many keys a pod even out by themselves).
 
-Server replicas each measure their own window, but place the same keys: each is sent its
-peers' logged keys (peering/links.py) and adds them to its own. The placement is a
-function of the keys, their counts and the factors, so replicas that hold the same keys
-come to the same homes; counts a couple of seconds apart can tip a step differently for a
-window (docs/routing.md says so).
+Server replicas each measure their own window, and place the same keys: each is sent its
+peers' logged keys (peering/links.py) and adds them to its own. Each steps its own
+weights, at the end of its own windows, so two replicas can settle on different homes,
+each within the tolerance (docs/routing.md says so).
 
 Pure: the memory of the last call comes in, the next goes out; no clock, no I/O.
 """
