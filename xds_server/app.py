@@ -91,16 +91,18 @@ class LoggedKeyCounts:
         clock: Clock,
         refresh_s: float = 2.0,
         peers: Callable[[], Mapping[str, Mapping[int, float]]] | None = None,
+        factors: Callable[[], dict[str, dict[str, float]]] | None = None,
     ) -> None:
         self._keys = keys
         self._clock = clock
         self._refresh_s = refresh_s
         self._peers = peers
+        self._factors = factors
         self._read: tuple[int, int] = (-1, -1)
         self._read_at = 0.0
         self._own: Mapping[str, Mapping[int, float]] = MappingProxyType({})
         self._report = SessionKeysReport()
-        self._reported_from: object = None
+        self._reported_from: tuple[object, dict[str, dict[str, float]]] | None = None
         self._added: tuple[object, object, Mapping[str, Mapping[int, float]]] = (
             None,
             None,
@@ -123,14 +125,17 @@ class LoggedKeyCounts:
         return self._own
 
     def report(self) -> SessionKeysReport:
-        """The own keys as peers are sent them: each pool's busiest, MAX_SESSION_KEYS at
-        most and an even share of MAX_REPORTED_SESSION_KEYS. The same object while they
-        are the same."""
+        """The own keys as peers are sent them (each pool's busiest, MAX_SESSION_KEYS at
+        most and an even share of MAX_REPORTED_SESSION_KEYS), with this replica's key
+        homes (`factors`: the controller's). The same object while they are the same."""
         own = self.own()
-        if own is not self._reported_from:
-            self._reported_from = own
+        factors = self._factors() if self._factors is not None else {}
+        last = self._reported_from
+        if last is None or last[0] is not own or last[1] != factors:
+            self._reported_from = (own, factors)
             share = min(MAX_SESSION_KEYS, MAX_REPORTED_SESSION_KEYS // max(1, len(own)))
             self._report = SessionKeysReport(
+                factors=factors,
                 pools={
                     pool: tuple(
                         sorted(
@@ -139,7 +144,7 @@ class LoggedKeyCounts:
                         )
                     )
                     for pool, keys in own.items()
-                }
+                },
             )
         return self._report
 
@@ -248,7 +253,10 @@ class XdsApplication:
         )
         # The session keys this replica's Envoys log, and its peers' (policy/homes.py).
         self.logged_keys = LoggedKeyCounts(
-            self.session_keys, clock=clock, peers=self.peers.session_keys
+            self.session_keys,
+            clock=clock,
+            peers=self.peers.session_keys,
+            factors=lambda: self.controller.home_factors(),
         )
         store = MetricsStore()
         self.pods = PodMetricsSource(store, clock=clock)
@@ -259,6 +267,7 @@ class XdsApplication:
             load=self.envoy_load,
             remotes=self.remote_clusters,
             session_keys=self.logged_keys,
+            followed_homes=self.peers.followed_homes,
             clock=clock,
         )
         self.load_reports.subscribe(self.controller.load_changed)

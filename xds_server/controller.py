@@ -63,6 +63,7 @@ T = TypeVar("T")
 
 # No session keys logged: the same object every time, so that a decision on it is skipped.
 _NO_SESSION_KEYS: Mapping[str, Mapping[int, float]] = MappingProxyType({})
+_NO_HOMES: Mapping[str, Mapping[str, float]] = MappingProxyType({})
 
 
 class SessionKeysSource(Protocol):
@@ -70,6 +71,13 @@ class SessionKeysSource(Protocol):
     (xds/session_keys.py). The same object as the last call's while no key was logged."""
 
     def __call__(self) -> Mapping[str, Mapping[int, float]]: ...
+
+
+class FollowedHomesSource(Protocol):
+    """Per session pool, the ring-weight factors of the replica this one follows
+    (peering/links.py); empty when it places its own. The same object while unchanged."""
+
+    def __call__(self) -> Mapping[str, Mapping[str, float]]: ...
 
 
 class SignalsSource(Protocol):
@@ -132,6 +140,7 @@ class Controller:
         load: LoadSource | None = None,
         remotes: RemotesSource | None = None,
         session_keys: SessionKeysSource | None = None,
+        followed_homes: FollowedHomesSource | None = None,
         group: str = DEFAULT_GROUP,
         clock: Clock = loop_clock,
     ) -> None:
@@ -140,6 +149,7 @@ class Controller:
         self._signals = signals
         self._load = load
         self._session_keys = session_keys
+        self._followed_homes = followed_homes
         self._remotes = remotes
         self._group = group
         self._clock = clock
@@ -395,7 +405,20 @@ class Controller:
             signals=self._signals(self._clock()) if self._signals is not None else None,
             load=self._load.fleet_load(config) if self._load is not None else None,
             session_keys=_NO_SESSION_KEYS if self._session_keys is None else self._session_keys(),
+            followed_homes=(_NO_HOMES if self._followed_homes is None else self._followed_homes()),
         )
+
+    def home_factors(self) -> dict[str, dict[str, float]]:
+        """Per session pool, each endpoint's ring-weight factor as this replica holds it
+        (1 when absent): what the replicas that follow it take (peering/links.py)."""
+        config = self._config
+        if config is None:
+            return {}
+        return {
+            pool.name: dict(self._memory.pools[pool.name].homes.factors)
+            for pool in config.pools
+            if pool.session_affinity and pool.name in self._memory.pools
+        }
 
     def _warming(self, config: RoutingConfig, inputs: DecisionInputs) -> bool:
         """Before the first snapshot: some pod of a GPU-aware pool has no scrape verdict
@@ -437,7 +460,13 @@ class Controller:
                 self._settled.set()
 
     async def _decide_and_build(self, config: RoutingConfig, inputs: DecisionInputs) -> None:
-        decided_on = (config, inputs.signals, inputs.load, inputs.session_keys)
+        decided_on = (
+            config,
+            inputs.signals,
+            inputs.load,
+            inputs.session_keys,
+            inputs.followed_homes,
+        )
         last = self._decided_on
         if (
             self._memory_settled
@@ -493,7 +522,6 @@ class Controller:
                 ", ".join(f"{t.short} {snapshot.versions[t]}" for t in ResourceType),
             )
         self.snapshot = snapshot
-
 
     def _with_failover(
         self, config: RoutingConfig, decision: Decision, inputs: DecisionInputs

@@ -230,3 +230,34 @@ async def test_a_replica_that_does_not_ask_for_session_keys_is_sent_none() -> No
                 assert ("session_keys" in first) is sent, (hello, first)
     finally:
         await server.stop(None)
+
+
+async def test_the_replica_whose_name_sorts_first_places_for_all() -> None:
+    """Replica "b" follows the key homes of a peer named "a" that is up, not those of one
+    named "c"; with no such peer it places its own (an empty mapping)."""
+    registry = CollectorRegistry()
+    peers = PeerLinks(replica="b", registry=registry)
+    factors = {"p": {"10.0.0.1:8000": 0.5}}
+    servers = []
+    try:
+        for name in ("c", "a"):
+            service = PeeringServer(
+                report=functools.partial(ReplicaReport, replica=name),
+                session_keys=functools.partial(
+                    SessionKeysReport, factors={"p": {"10.0.0.1:8000": 2.0 if name == "c" else 0.5}}
+                ),
+                heartbeat_s=0.05,
+            )
+            servers.append(await _serve(service.generic_handler()))
+        peers.set_peers([servers[0][1]])
+        await eventually(lambda: peers.reports(), what="c's report")
+        await eventually(lambda: peers.to_json()[0]["up"], what="c up")
+        assert peers.followed_homes() == {}, "c sorts after b: b places its own"
+        peers.set_peers([address for _, address in servers])
+        await eventually(lambda: peers.followed_homes() == factors, what="following a")
+        await servers[1][0].stop(None)
+        await eventually(lambda: peers.followed_homes() == {}, within_s=10, what="a gone quiet")
+    finally:
+        await peers.close()
+        for server, _ in servers:
+            await server.stop(None)

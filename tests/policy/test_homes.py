@@ -9,7 +9,7 @@ import pytest
 
 from xds_server.config import BalancingConfig, PoolConfig
 from xds_server.maglev import key_hash, maglev_table, table_size
-from xds_server.policy.homes import HomeMemory, LoggedKeys, balanced_homes
+from xds_server.policy.homes import HomeMemory, LoggedKeys, balanced_homes, followed_homes
 from xds_server.policy.scoring import score_pool
 from xds_server.policy.signals import PodSignals
 from xds_server.policy.weights import MAX_WEIGHT, quantize
@@ -339,3 +339,11 @@ def test_score_pool_places_logged_keys_only_where_spills_keep_the_table() -> Non
             )  # fmt: skip
             homes, memory = scored.homes, scored.memory
         assert bool(homes.factors) is placed, (spill_to, homes)
+
+
+def test_followed_homes_are_taken_as_they_are_for_the_pods_in_rotation() -> None:
+    """A replica that follows another takes its factors (homes.followed_homes): for the
+    pods it has in rotation, with the reason, and it places nothing of its own."""
+    homes = followed_homes(("a", "b", "c"), {"a": 0.5, "b": 1.0, "gone": 2.0})
+    assert homes.memory.factors == {"a": 0.5}
+    assert set(homes.reasons) == {"a"} and homes.reasons["a"].code == "home_share"

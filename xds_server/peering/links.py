@@ -15,7 +15,9 @@ is gone) is forgotten at once.
 Replica links also take each peer's session keys (those its own Envoys logged; reports
 carry them only when they changed), and `session_keys` adds them up per pool, so that
 every replica places a pool's keys from all the keys the fleet's Envoys logged. A quiet
-peer's last keys stay, as its load does, until it leaves the set.
+peer's last keys stay, as its load does, until it leaves the set. One replica places for
+all (`followed_homes`): the one whose name sorts first among those up, whose key homes
+the others take, so that every replica's Envoys send a key to the same pod.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class PeerState:
     last_error: str | None = None
     # The session keys its own Envoys logged, as last sent.
     session_keys: SessionKeysReport | None = None
+
+
+_NOT_FOLLOWING: Mapping[str, Mapping[str, float]] = MappingProxyType({})
 
 
 def _identity(data: bytes) -> bytes:
@@ -190,6 +195,23 @@ class PeerLinks:
             frozen = MappingProxyType({p: MappingProxyType(c) for p, c in added.items()})
             self._keys_added = (reports, frozen)
         return self._keys_added[1]
+
+    def followed_homes(self) -> Mapping[str, Mapping[str, float]]:
+        """The key homes this replica takes (per session pool, each endpoint's ring-weight
+        factor): those of the replica that places for all, the one whose name sorts first
+        among this one and its peers that are up and send keys; empty when that is this
+        one. The same object while the leader's report is."""
+        up = [
+            p
+            for p in self._peers.values()
+            if p.session_keys is not None and p.report is not None and self._is_up(p)
+        ]
+        leader = min(up, key=lambda p: p.report.replica if p.report else "", default=None)
+        if leader is None or leader.report is None or leader.session_keys is None:
+            return _NOT_FOLLOWING
+        if leader.report.replica >= self._replica:
+            return _NOT_FOLLOWING
+        return leader.session_keys.factors
 
     def is_up(self, address: str) -> bool:
         """The link to `address` is open and was heard from lately."""

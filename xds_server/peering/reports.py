@@ -14,7 +14,8 @@ capacity and whether it is failing over itself. A replica that predates them sen
 A replica that asks for them (service.py's KEYS_HELLO) is also sent the session keys its
 peer's own Envoys logged (`session_keys`: per pool, each key's hash and decayed count), in
 the first report of a stream and whenever they change, so that replicas place a pool's
-keys from the same keys (policy/homes.py). Reports without them leave the peer's last ones
+keys from the same keys (policy/homes.py), with its key homes: the replicas follow the one
+whose name sorts first (peering/links.py). Reports without them leave the peer's last ones
 standing.
 
 Reports cross the network as JSON and are distrusted like any input: sizes and counts are
@@ -50,6 +51,8 @@ MAX_SESSION_KEYS = 1024
 # MAX_REPORT_BYTES); a replica with more pools sends each pool's busiest share of them.
 MAX_REPORTED_SESSION_KEYS = 65_536
 _KeyHash = Annotated[int, Field(ge=0, lt=2**64)]
+# A ring-weight factor (Tuning.home_max_factor is at most 100).
+_Factor = Annotated[float, Field(ge=0.01, le=100, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
@@ -99,12 +102,17 @@ class PoolReport(_Strict):
 
 class SessionKeysReport(_Strict):
     """The session keys a replica's own Envoys logged: per pool, (key hash, decayed
-    request count) pairs."""
+    request count) pairs; and its key homes: per session pool, each endpoint's ring-weight
+    factor (policy/homes.py), which the replicas that follow it take as theirs."""
 
     pools: Annotated[
         dict[
             _Name, Annotated[tuple[tuple[_KeyHash, _Rate], ...], Field(max_length=MAX_SESSION_KEYS)]
         ],
+        Field(max_length=10_000),
+    ] = {}
+    factors: Annotated[
+        dict[_Name, Annotated[dict[_Name, _Factor], Field(max_length=10_000)]],
         Field(max_length=10_000),
     ] = {}
 

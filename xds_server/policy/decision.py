@@ -102,13 +102,16 @@ class DecisionInputs:
     `signals` is None when no metrics are scraped at all (pools keep their configured
     endpoints); `load` is None when no load reports are collected (no flow control);
     `session_keys` holds, per pool, the hashes of the session keys its Envoys logged and
-    their recent requests (xds/session_keys.py; empty when none are logged).
+    their recent requests (xds/session_keys.py; empty when none are logged);
+    `followed_homes`, per session pool, the ring-weight factors of the replica this one
+    follows (homes.followed_homes; empty when it places its own).
     """
 
     config: RoutingConfig
     signals: Mapping[str, PodSignals] | None = None
     load: FleetLoad | None = None
     session_keys: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
+    followed_homes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,9 +183,7 @@ class Decider:
         if signals is not None:
             for pool in config.pools:
                 if pool.weights_from_metrics:
-                    fresh = self._score(
-                        pool, config, own_signals[pool.name], load, inputs.session_keys, memory
-                    )
+                    fresh = self._score(pool, config, own_signals[pool.name], load, inputs, memory)
                     pools[pool.name], remembered[pool.name], new = fresh
                     if new:
                         yield
@@ -205,7 +206,7 @@ class Decider:
         config: RoutingConfig,
         signals: Mapping[str, PodSignals],
         load: FleetLoad | None,
-        session_keys_of: Mapping[str, Mapping[int, float]],
+        inputs: DecisionInputs,
         memory: PolicyMemory,
     ) -> tuple[PoolState, PoolMemory, bool]:
         """The pool's endpoint states and memory, and whether they were decided anew."""
@@ -214,7 +215,8 @@ class Decider:
         long_prompts = pool_load.long_prompts if pool_load is not None else _EMPTY
         verdicts = pool_load.verdicts if pool_load is not None else _NO_VERDICTS
         slowness = pool_load.slowness if pool_load is not None else _NO_SLOWNESS
-        session_keys = session_keys_of.get(pool.name)
+        session_keys = inputs.session_keys.get(pool.name)
+        followed = inputs.followed_homes.get(pool.name)
         key: _ScoringKey = (
             pool,
             config.balancing,
@@ -223,6 +225,7 @@ class Decider:
             verdicts,
             slowness,
             session_keys,
+            followed,
             previous,
         )
         last = self._scored.get(pool.name)
@@ -241,6 +244,7 @@ class Decider:
             spilled=previous.spilled,
             homes=previous.homes,
             session_keys=session_keys,
+            followed=followed,
             keys=previous.affinity,
             draining={endpoint_id(e) for e in pool.endpoints if e.draining},
             tuning=config.tuning(pool),

@@ -54,10 +54,10 @@ window; pools of more than `home_placed_max_pods` pods keep the rule above (a wi
 search held the event loop up to 30 ms for 4 pods, 53 ms for 8, `python -m
 bench.key_placement`; and many keys a pod even out by themselves).
 
-Server replicas each measure their own window, and place the same keys: each is sent its
-peers' logged keys (peering/links.py) and adds them to its own. Each steps its own
-weights, at the end of its own windows, so two replicas can settle on different homes,
-each within the tolerance (docs/routing.md says so).
+Server replicas place the same keys: each is sent its peers' logged keys
+(peering/links.py) and adds them to its own. One places for all, the replica whose name
+sorts first among those up: the others take its factors as theirs (`followed_homes`), so
+that every replica's Envoys send a key to the same pod.
 
 Pure: the memory of the last call comes in, the next goes out; no clock, no I/O.
 """
@@ -73,7 +73,7 @@ from xds_server.policy.reasons import Reason
 from xds_server.policy.signals import PodSignals
 from xds_server.tuning import Tuning
 
-__all__ = ["HomeMemory", "Homes", "LoggedKeys", "balanced_homes"]
+__all__ = ["HomeMemory", "Homes", "LoggedKeys", "balanced_homes", "followed_homes"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,6 +153,14 @@ def balanced_homes(
         load, spills, samples = dict.fromkeys(present, 0.0), dict.fromkeys(present, 0), 0
     kept = HomeMemory(factors=factors, load=load, spills=spills, samples=samples, ratios=ratios)
     return Homes(memory=kept, reasons=_reasons(factors, ratios, present))
+
+
+def followed_homes(healthy: Sequence[str], factors: Mapping[str, float]) -> Homes:
+    """The key homes of the replica this one follows (its ring-weight `factors`, by
+    endpoint id), taken as they are: this replica places nothing of its own, so that
+    every replica's Envoys send a key to the same pod."""
+    kept = {k: f for k, f in factors.items() if k in healthy and f != 1.0}
+    return Homes(memory=HomeMemory(factors=kept), reasons=_reasons(kept, {}, healthy))
 
 
 def _moved(

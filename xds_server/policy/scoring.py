@@ -33,7 +33,7 @@ from xds_server.policy.affinity import Affinity, AffinityMemory, affinity
 from xds_server.policy.capacity import relative_capacities
 from xds_server.policy.factors import score, weight_cuts
 from xds_server.policy.health import Rotation, rotation
-from xds_server.policy.homes import HomeMemory, Homes, LoggedKeys, balanced_homes
+from xds_server.policy.homes import HomeMemory, Homes, LoggedKeys, balanced_homes, followed_homes
 from xds_server.policy.reasons import Reason
 from xds_server.policy.signals import PodSignals, endpoint_id
 from xds_server.policy.spill import Spilling, spilling
@@ -188,6 +188,7 @@ def score_pool(
     slowness: Mapping[str, int] = MappingProxyType({}),
     homes: HomeMemory = _NO_HOMES,
     session_keys: Mapping[int, float] | None = None,
+    followed: Mapping[str, float] | None = None,
     keys: AffinityMemory = _STICKY,
     tuning: Tuning = _DEFAULT_TUNING,
 ) -> ScoredPool:
@@ -196,12 +197,13 @@ def score_pool(
     `memory`, `placement`, `adapter_activity`, `spilled`, `homes` and `keys` (affinity)
     are the previous call's; `session_keys` the hashes of the session keys the Envoys
     logged and their recent requests (homes.py places them; None: none logged)
-    (empty at first); `draining` lists endpoints being shut down; `long_prompts` the long
-    prompts in flight per endpoint id; `verdicts` the pods the Envoys' reports show
-    stalled or failing (by endpoint id: the reason), which are out of rotation like a pod
-    known to be down; `slowness` the pods slower per request than their peers (steps),
-    whose claims beyond their peers' are not believed (capacity.py). Pure: the same
-    inputs give the same output.
+    (empty at first); `followed` the ring-weight factors of the replica this one follows
+    (homes.followed_homes; None: this replica places its own); `draining` lists endpoints
+    being shut down; `long_prompts` the long prompts in flight per endpoint id;
+    `verdicts` the pods the Envoys' reports show stalled or failing (by endpoint id: the
+    reason), which are out of rotation like a pod known to be down; `slowness` the pods
+    slower per request than their peers (steps), whose claims beyond their peers' are not
+    believed (capacity.py). Pure: the same inputs give the same output.
     """
     pods = rotation(
         pool,
@@ -236,7 +238,7 @@ def score_pool(
     weighed = _weights(pool, scores, pods, spill, long_prompts, settings, tuning)
     top = max(weighed.values(), default=1.0) or 1.0
     rings = _ring_weights(
-        pool, pods, capacities, spill.loaded, homes, session_keys, settings, tuning
+        pool, pods, capacities, spill.loaded, homes, session_keys, followed, settings, tuning
     )
     sticks = _affinity(pool, pods, keys, settings, tuning)
     suspended = sticks.reason if sticks is not None else None
@@ -297,6 +299,7 @@ def _ring_weights(
     spilling: Set[str],
     memory: HomeMemory,
     session_keys: Mapping[int, float] | None,
+    followed: Mapping[str, float] | None,
     settings: BalancingConfig,
     tuning: Tuning,
 ) -> tuple[Homes | None, dict[str, int]]:
@@ -327,5 +330,8 @@ def _ring_weights(
             size=table_size(len(pool.endpoints)),
             weights=weights,
         )
-    homes = balanced_homes(pods.healthy, pods.fresh, base, spilling, memory, tuning, keys)
+    if followed is not None:
+        homes = followed_homes(pods.healthy, followed)
+    else:
+        homes = balanced_homes(pods.healthy, pods.fresh, base, spilling, memory, tuning, keys)
     return homes, weights(homes.memory.factors)
