@@ -355,8 +355,11 @@ async def _run_policy(
                 adapters = AdapterSampler(
                     fleet, placement=_pod_adapters(gateway, fleet) if policy == "project" else None
                 )
+                # Keyed scenarios keep the pods' queues and the server's spills, to tell a
+                # spill from a moved key after the run (bench/results/homes-few-moves).
+                keyed = bool(scenario.trace.users) or scenario.session_affinity
                 async with (
-                    queues.running() if scenario.trace.users else contextlib.nullcontext(),
+                    queues.running() if keyed else contextlib.nullcontext(),
                     adapters.running() if scenario.adapters else contextlib.nullcontext(),
                 ):
                     result, fault_figures, sim_lag, end = await _replay_on_gateway(
@@ -372,8 +375,8 @@ async def _run_policy(
                         envoy=gateways.envoy,
                     )
                 extra_figures.update(fault_figures)
+                slack = config.balancing.queue_slack
                 if scenario.trace.users:
-                    slack = config.balancing.queue_slack
                     extra_figures.update(
                         key_figures(
                             trace,
@@ -383,6 +386,7 @@ async def _run_policy(
                             warmup_s=scenario.warmup_s,
                         )
                     )
+                if keyed:
                     queues.save(stem.with_name(f"{stem.name}-{policy}-queues.json"), slack=slack)
                 if scenario.adapters:
                     # Which adapter waited where (bench/lora_trace.py).
