@@ -66,7 +66,7 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from llm_sim.fleet import Fleet
 from llm_sim.loadgen import ReplayResult, RequestResult
@@ -75,6 +75,7 @@ from llm_sim.loadgen.trace import Trace
 __all__ = [
     "HEAVY_PREFIX",
     "MIN_KEY_REQUESTS",
+    "PodDecision",
     "QueueEpisode",
     "QueueSampler",
     "group_homes",
@@ -98,12 +99,21 @@ class QueueEpisode:
     end: float
 
 
+class PodDecision(NamedTuple):
+    """A pod in the server's decision: its weight in the pool, whether it spills its keys
+    (off the session table), and its ring weight in the session table (None without one)."""
+
+    weight: int
+    spilling: bool
+    ring_weight: int | None
+
+
 class QueueSampler:
     """Samples every pod's waiting and running requests every `INTERVAL_S` while a trace
-    replays, and with `decision` (each pod's weight and `spilling` in the server's
-    current decision) the server's decisions too. Mutable state: `_samples` (Unix time,
-    waiting per pod), `_running` (running per pod, one per sample) and `_decisions` (Unix
-    time, weight and spill per pod), appended to while running."""
+    replays, and with `decision` (each pod's `PodDecision` in the server's current
+    decision) the server's decisions too. Mutable state: `_samples` (Unix time, waiting
+    per pod), `_running` (running per pod, one per sample) and `_decisions` (Unix time,
+    decision per pod), appended to while running."""
 
     INTERVAL_S = 0.02
     # Stretches of queueing closer than this are one episode, and a shorter one is none.
@@ -114,13 +124,13 @@ class QueueSampler:
         self,
         fleet: Fleet,
         *,
-        decision: Callable[[], Mapping[str, tuple[int, bool]]] | None = None,
+        decision: Callable[[], Mapping[str, PodDecision]] | None = None,
     ) -> None:
         self._fleet = fleet
         self._decision = decision
         self._samples: list[tuple[float, dict[str, int]]] = []
         self._running: list[dict[str, int]] = []
-        self._decisions: list[tuple[float, dict[str, tuple[int, bool]]]] = []
+        self._decisions: list[tuple[float, dict[str, PodDecision]]] = []
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -151,14 +161,14 @@ class QueueSampler:
     def spilled(self) -> list[tuple[float, frozenset[str]]]:
         """(Unix time, pods off the session table) samples; empty without `decision`."""
         return [
-            (t, frozenset(pod for pod, (_, spill) in pods.items() if spill))
+            (t, frozenset(pod for pod, decision in pods.items() if decision.spilling))
             for t, pods in self._decisions
         ]
 
     def save(self, path: Path, *, slack: int) -> None:
         """The episodes, every sample ([time, {pod: [waiting, running]}]) and every change
-        of the server's decision ([time, {pod: [weight, spill]}]), as JSON, to see after a
-        run why a figure is what it is."""
+        of the server's decision ([time, {pod: [weight, spill, ring weight]}]), as JSON,
+        to see after a run why a figure is what it is."""
         changes = [
             (t, pods)
             for i, (t, pods) in enumerate(self._decisions)

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.affinity import QueueSampler, group_homes, key_figures
+from bench.affinity import PodDecision, QueueSampler, group_homes, key_figures
 from bench.collector import CollectorPauses, collector_frozen
 from bench.gray import gray_figures, inject_gray_faults
 from bench.lora_trace import AdapterSampler
@@ -404,18 +404,20 @@ async def _run_policy(
     return _policy_run(scenario, result, counters, end, sim_lag, extra_figures, pauses)
 
 
-def _pod_decisions(
-    gateway: LocalGateway, fleet: Fleet
-) -> Callable[[], dict[str, tuple[int, bool]]]:
-    """A function giving each pod's weight and `spilling` (off the session table) in the
-    server's current decision, by pod name, for scenario h's sampler."""
+def _pod_decisions(gateway: LocalGateway, fleet: Fleet) -> Callable[[], dict[str, PodDecision]]:
+    """A function giving each pod's weight, `spilling` (off the session table) and ring
+    weight in the server's current decision, by pod name, for the keyed scenarios'
+    sampler."""
     names = {pod.port: pod.name for pod in fleet.pods}
 
-    def decision() -> dict[str, tuple[int, bool]]:
+    def decision() -> dict[str, PodDecision]:
         pool = gateway.app.controller.decision.pools.get(_POOL)
         if pool is None:
             return {}
-        return {names.get(e.port, e.id): (e.weight, e.spilling) for e in pool.endpoints}
+        return {
+            names.get(e.port, e.id): PodDecision(e.weight, e.spilling, e.ring_weight)
+            for e in pool.endpoints
+        }
 
     return decision
 

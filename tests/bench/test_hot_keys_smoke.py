@@ -46,6 +46,6 @@ def test_quick_hot_keys_keep_light_keys_home_and_report_the_spill(tmp_path: Path
     # here last 100-150 ms, less than a scrape interval, so the decision may come after
     # one ends), and some of the key's requests go elsewhere meanwhile.
     queues = json.loads((tmp_path / "traces" / "h-seed1-project-queues.json").read_text())
-    assert any(spill for _, pods in queues["decisions"] for _, spill in pods.values())
+    assert any(pod[1] for _, pods in queues["decisions"] for pod in pods.values())
     assert project["key_stickiness"]["heavy"]["user-heavy-0"] < 1.0, project["key_stickiness"]
     assert "| project |" in (tmp_path / "results.md").read_text()
