@@ -561,12 +561,15 @@ class BalancingConfig(_Strict):
     # Relative serving capacity per hardware class (an endpoint's `hardware`); endpoints
     # without one are sized from their KV-cache capacity (`cache_config_info`).
     hardware_capacity: dict[Annotated[str, Field(min_length=1)], Annotated[float, Field(gt=0)]] = {}
-    # Smoothing of scores between scrapes (1 = no smoothing) and the bounded load factor
-    # of session affinity, in percent: a pod over this multiple of the mean in-flight load
-    # passes a key on to the next pod. High by default: a key that moves loses its prefix
-    # cache, and its next request pays a whole prefill (docs/configuration.md).
+    # Smoothing of scores between scrapes (1 = no smoothing).
     smoothing: Annotated[float, Field(gt=0, le=1)] = 0.5
-    hash_balance_factor: Annotated[int, Field(ge=100, le=1000)] = 300
+    # Envoy's bounded load for session affinity, in percent (null: off): a pod over this
+    # multiple of the mean of the session cluster's requests in flight at one Envoy passes
+    # a key on to the next pod of its permutation. Off by default: it reads a pod against
+    # the others, not against its own room, so it moves keys (each a whole prefill) from a
+    # pod that has room while the pool is quiet; the spill rules read each pod's own queue
+    # and batch (docs/configuration.md).
+    hash_balance_factor: Annotated[int, Field(ge=100, le=1000)] | None = None
     # Where the keys of a pod that spills go (docs/routing.md, Where a keyed and an unkeyed request
     # go): "pool" balances their requests by the pool's load-following weights, through an
     # internal listener that the pod's entry in the session table points at while it

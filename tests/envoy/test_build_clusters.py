@@ -8,7 +8,7 @@ from envoy.extensions.load_balancing_policies.maglev.v3 import maglev_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
 
-from xds_server.config import RoutingConfig, parse_config
+from xds_server.config import BalancingConfig, RoutingConfig, parse_config
 from xds_server.envoy import (
     build_cluster,
     build_clusters,
@@ -201,6 +201,19 @@ def test_the_session_cluster_hashes_with_bounded_load(affinity_config: RoutingCo
     policy = _policy_of(build_session_cluster(ring_spill, no_adapters))
     assert policy.typed_config.Unpack(ring)
     assert ring.table_size.value == RING_SPILL_TABLE_SIZE
+
+
+def test_bounded_load_is_off_unless_set(affinity_config: RoutingConfig) -> None:
+    # Unset, Envoy's bounded load is off: it read a pod against the others, not its own
+    # room, and moved keys off pods with room (scenario c; bench/results/bounded-load).
+    balancing = affinity_config.balancing.model_copy(update={"hash_balance_factor": None})
+    unset = affinity_config.model_copy(update={"balancing": balancing})
+    pool = unset.pools[0].model_copy(update={"adapters": ()})
+    ring = maglev_pb2.Maglev()
+    assert _policy_of(build_session_cluster(unset, pool)).typed_config.Unpack(ring)
+    assert not ring.consistent_hashing_lb_config.HasField("hash_balance_factor")
+    assert ring.consistent_hashing_lb_config.use_hostname_for_hashing
+    assert BalancingConfig().hash_balance_factor is None
 
 
 def test_every_cluster_has_its_assignment(affinity_config: RoutingConfig) -> None:

@@ -36,12 +36,13 @@ its own ClusterLoadAssignment, names.session_eds_service_name(pool): the same en
 health and adapters, weighted by capacity instead of load. Maglev consistent hashing on
 the route's hash policy (the session key) sizes each host's share of the table by its
 weight, and a weight that followed load would move keys away from their cached prefixes
-with every update. Load reaches it two ways: the bounded load (`hash_balance_factor`) skips
-a host already over that multiple of the mean in-flight load of this cluster, so a hot
-session spills over instead of piling onto one GPU; and a pod that queues by its metrics
+with every update. Load reaches it through the spill: a pod that queues by its metrics
 (all traffic counted, not only keyed) spills (endpoints.py, `spilling`): its entry in the
 table points at the pool's spill listener (listeners.py), which balances its keys'
 requests over the pool's cluster until it recovers, while the other keys stay put.
+Envoy's bounded load (`hash_balance_factor`, off by default) would skip a host over a
+multiple of the mean in-flight load of this cluster at one Envoy: a pod against the
+others, not against its own room, so on scenario c it moved keys off pods that had room.
 Requests without a session key never reach it.
 
 A GPU-aware pool (weights from metrics) also gets a cluster for its long prompts,
@@ -90,7 +91,7 @@ from envoy.type.matcher.v3 import string_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import struct_pb2  # type: ignore[import-untyped, unused-ignore]
 
-from xds_server.config import BANDS, Lane, PoolConfig, RemoteConfig, RoutingConfig
+from xds_server.config import BANDS, BalancingConfig, Lane, PoolConfig, RemoteConfig, RoutingConfig
 from xds_server.envoy import _protos, names
 from xds_server.maglev import RING_SPILL_TABLE_SIZE, table_size
 
@@ -262,10 +263,7 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
         typed_config=_protos.pack(
             maglev_pb2.Maglev(
                 table_size=_protos.uint64(size),
-                consistent_hashing_lb_config=common_pb2.ConsistentHashingLbConfig(
-                    use_hostname_for_hashing=True,
-                    hash_balance_factor=_protos.uint32(config.balancing.hash_balance_factor),
-                ),
+                consistent_hashing_lb_config=_consistent_hashing(config.balancing),
             )
         ),
     )
@@ -276,6 +274,14 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
         _subset(pool, maglev),
         service_name=names.session_eds_service_name(pool.name),
     )
+
+
+def _consistent_hashing(balancing: BalancingConfig) -> _Any:
+    """Endpoints hashed by name; Envoy's bounded load only where it is set (unset: off)."""
+    hashing = common_pb2.ConsistentHashingLbConfig(use_hostname_for_hashing=True)
+    if balancing.hash_balance_factor is not None:
+        hashing.hash_balance_factor.value = balancing.hash_balance_factor
+    return hashing
 
 
 def _eds_cluster(
