@@ -3,7 +3,8 @@
 For each seed and policy: every request after the 16 s warm-up whose TTFT is over 0.3 s
 (a 2,048-token prefill takes about 0.45 s), marked `first` (its group's first request in
 the run), `move` (its group's pod changed and stayed changed), `spill` (its group's pod
-changed for this request only) or `queued` (on its group's pod, behind another prefill).
+changed for this request only, or for its last request in the run: nothing shows it
+stayed) or `queued` (on its group's pod, behind another prefill).
 Where the run kept the server's decisions (`<run>-queues.json`, from 7e7eb4b), a request
 sent off its group's pod while that pod spilled in the server's decision is `spill` too,
 whatever follows.
@@ -42,7 +43,7 @@ def slow_requests(run: Path, policy: str, seed: int) -> list[str]:
             kind = "first"
         elif home[group] != pod:
             following = [p for _, g, p, _ in served[i + 1 :] if g == group][:1]
-            kind = "spill" if following == [home[group]] else "move"
+            kind = "spill" if following in ([], [home[group]]) else "move"
             if spilling(home[group], started + at):
                 kind = "spill"
         if kind != "spill":
