@@ -356,7 +356,7 @@ async def _run_policy(
                     fleet, placement=_pod_adapters(gateway, fleet) if policy == "project" else None
                 )
                 # Keyed scenarios keep the pods' queues and the server's spills, to tell a
-                # spill from a moved key after the run (bench/results/homes-few-moves).
+                # spill from a moved key after the run (bench/results/bounded-load).
                 keyed = bool(scenario.trace.users) or scenario.session_affinity
                 async with (
                     queues.running() if keyed else contextlib.nullcontext(),
