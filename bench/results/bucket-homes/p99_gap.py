@@ -1,0 +1,68 @@
+"""c's pooled P99 TTFT, project against sticky_least_loaded, seeds 4-13, and how sure.
+
+Reads the kept runs' traces (requests after the 16 s warm-up): the project's from
+bounded-load's c-seeds-4-8-off and c-seeds-9-13-off, the router's from c-seeds-4-8-off
+(the run beside the project's) and c-seeds-9-13-factor-300. A paired bootstrap over the
+seeds resamples the ten seeds with replacement and takes both policies' pooled P99 over
+each resample, so a seed whose requests are slow for both counts for both.
+
+    cd bench/results/bucket-homes && python p99_gap.py
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from pathlib import Path
+
+RUNS = Path(__file__).resolve().parent.parent / "bounded-load"
+WARM_UP_S = 16.0
+RESAMPLES = 4000
+PROJECT, ROUTER = "project", "vllm_router_sticky_least_loaded"
+FIRST, SECOND = (4, 5, 6, 7, 8), (9, 10, 11, 12, 13)
+
+
+def ttfts(run: str, policy: str, seed: int) -> list[float]:
+    path = RUNS / run / "traces" / f"c-seed{seed}-{policy}-results.json"
+    results = json.loads(path.read_text())["results"]
+    return [r["ttft_s"] or 0.0 for r in results if r["scheduled_at_s"] >= WARM_UP_S]
+
+
+def p99(values: list[float]) -> float:
+    """Nearest rank, as the benchmark's pooled tables."""
+    ordered = sorted(values)
+    return ordered[max(0, -(-99 * len(ordered) // 100) - 1)]
+
+
+def main() -> None:
+    project = {s: ttfts("c-seeds-4-8-off", PROJECT, s) for s in FIRST}
+    project |= {s: ttfts("c-seeds-9-13-off", PROJECT, s) for s in SECOND}
+    router = {s: ttfts("c-seeds-4-8-off", ROUTER, s) for s in FIRST}
+    router |= {s: ttfts("c-seeds-9-13-factor-300", ROUTER, s) for s in SECOND}
+    seeds = sorted(project)
+
+    def pooled(by_seed: dict[int, list[float]], pick: list[int]) -> float:
+        return p99([t for s in pick for t in by_seed[s]])
+
+    print(
+        f"pooled P99 over seeds 4-13: project {1000 * pooled(project, seeds):.0f} ms,"
+        f" router {1000 * pooled(router, seeds):.0f} ms"
+    )
+    rng = random.Random(1)
+    gaps = []
+    for _ in range(RESAMPLES):
+        pick = [rng.choice(seeds) for _ in seeds]
+        gaps.append(pooled(project, pick) - pooled(router, pick))
+    gaps.sort()
+    low, high = gaps[RESAMPLES // 20], gaps[RESAMPLES - RESAMPLES // 20]
+    print(
+        f"project minus router, paired bootstrap over seeds: median"
+        f" {1000 * statistics.median(gaps):+.0f} ms, 5th-95th percentile"
+        f" {1000 * low:+.0f} to {1000 * high:+.0f} ms,"
+        f" zero or less in {sum(g <= 0 for g in gaps) / RESAMPLES:.0%} of resamples"
+    )
+
+
+if __name__ == "__main__":
+    main()
