@@ -26,7 +26,7 @@ import grpc
 from xds_server.admin import AdminServer, default_debug_port, make_admin_app, make_debug_app
 from xds_server.clock import Clock, loop_clock
 from xds_server.config import RoutingConfig
-from xds_server.controller import Controller
+from xds_server.controller import Controller, HomeBuckets
 from xds_server.envoy import names
 from xds_server.envoy.listeners import LONG_PROMPT_LOG_INTERVAL_S, SESSION_KEY_LOG
 from xds_server.errors import ConfigError, XdsServerError
@@ -72,6 +72,7 @@ __all__ = ["LoggedKeyCounts", "XdsApplication"]
 
 
 _NO_KEYS: Mapping[str, Mapping[int, float]] = MappingProxyType({})
+_NO_SERVED: Mapping[str, Mapping[int, str]] = MappingProxyType({})
 
 
 class LoggedKeyCounts:
@@ -92,17 +93,24 @@ class LoggedKeyCounts:
         refresh_s: float = 2.0,
         peers: Callable[[], Mapping[str, Mapping[int, float]]] | None = None,
         factors: Callable[[], dict[str, dict[str, float]]] | None = None,
+        buckets: Callable[[], HomeBuckets] | None = None,
+        peers_served_by: Callable[[], Mapping[str, Mapping[int, str]]] | None = None,
     ) -> None:
         self._keys = keys
         self._clock = clock
         self._refresh_s = refresh_s
         self._peers = peers
         self._factors = factors
+        self._buckets = buckets
+        self._peers_served_by = peers_served_by
         self._read: tuple[int, int] = (-1, -1)
         self._read_at = 0.0
         self._own: Mapping[str, Mapping[int, float]] = MappingProxyType({})
+        self._served_by: Mapping[str, Mapping[int, str]] = MappingProxyType({})
+        self._own_served_by: dict[str, dict[int, str]] = {}
+        self._served_from: tuple[object, object] = (None, None)
         self._report = SessionKeysReport()
-        self._reported_from: tuple[object, dict[str, dict[str, float]]] | None = None
+        self._reported_from: tuple[object, object] | None = None
         self._added: tuple[object, object, Mapping[str, Mapping[int, float]]] = (
             None,
             None,
@@ -116,34 +124,68 @@ class LoggedKeyCounts:
         logged = read[1] != self._read[1] and now - self._read_at >= self._refresh_s
         if read[0] != self._read[0] or logged:
             self._read, self._read_at = read, now
+            snapshot = self._keys.snapshot(now)
             self._own = MappingProxyType(
                 {
                     pool: MappingProxyType({h: seen.count for h, seen in keys.items()})
-                    for pool, keys in self._keys.snapshot(now).items()
+                    for pool, keys in snapshot.items()
                 }
             )
+            self._own_served_by = {
+                pool: {h: seen.endpoint for h, seen in keys.items() if seen.endpoint is not None}
+                for pool, keys in snapshot.items()
+            }
         return self._own
+
+    def served_by(self) -> Mapping[str, Mapping[int, str]]:
+        """Per pool, the pod (endpoint id) each key was last served by (ServedBySource),
+        as the own Envoys said or else as the peers' did: the same object while none
+        moved. Read with the own keys (`refresh_s`)."""
+        own = self.own()
+        peers = self._peers_served_by() if self._peers_served_by is not None else _NO_SERVED
+        if own is not self._served_from[0] or peers is not self._served_from[1]:
+            served_by = {pool: dict(keys) for pool, keys in peers.items()}
+            for pool, keys in self._own_served_by.items():
+                served_by.setdefault(pool, {}).update(keys)
+            if served_by != self._served_by:
+                self._served_by = MappingProxyType(
+                    {p: MappingProxyType(k) for p, k in served_by.items()}
+                )
+            self._served_from = (own, peers)
+        return self._served_by
 
     def report(self) -> SessionKeysReport:
         """The own keys as peers are sent them (each pool's busiest, MAX_SESSION_KEYS at
         most and an even share of MAX_REPORTED_SESSION_KEYS), with this replica's key
-        homes (`factors`: the controller's). The same object while they are the same."""
+        homes (`factors` and `buckets`: the controller's). The same object while they are
+        the same."""
         own = self.own()
         factors = self._factors() if self._factors is not None else {}
+        buckets, spares = self._buckets() if self._buckets is not None else ({}, {})
+        homes = (factors, buckets, spares)
         last = self._reported_from
-        if last is None or last[0] is not own or last[1] != factors:
-            self._reported_from = (own, factors)
+        if last is None or last[0] is not own or last[1] != homes:
+            self._reported_from = (own, homes)
             share = min(MAX_SESSION_KEYS, MAX_REPORTED_SESSION_KEYS // max(1, len(own)))
+            reported = {
+                pool: heapq.nlargest(share, keys.items(), key=lambda i: i[1])
+                for pool, keys in own.items()
+            }
             self._report = SessionKeysReport(
                 factors=factors,
+                served_by={
+                    pool: {
+                        h: self._own_served_by[pool][h]
+                        for h, _ in keys
+                        if h in self._own_served_by.get(pool, {})
+                    }
+                    for pool, keys in reported.items()
+                },
+                buckets=buckets,
+                spares=spares,
                 pools={
-                    pool: tuple(
-                        sorted(
-                            (h, round(c, 3))
-                            for h, c in heapq.nlargest(share, keys.items(), key=lambda i: i[1])
-                        )
-                    )
-                    for pool, keys in own.items()
+                    pool: tuple(sorted((h, round(c, 3)) for h, c in keys))
+                    for pool, keys in reported.items()
                 },
             )
         return self._report
@@ -256,7 +298,9 @@ class XdsApplication:
             self.session_keys,
             clock=clock,
             peers=self.peers.session_keys,
+            peers_served_by=self.peers.served_by,
             factors=lambda: self.controller.home_factors(),
+            buckets=lambda: self.controller.home_buckets(),
         )
         store = MetricsStore()
         self.pods = PodMetricsSource(store, clock=clock)
@@ -268,6 +312,8 @@ class XdsApplication:
             remotes=self.remote_clusters,
             session_keys=self.logged_keys,
             followed_homes=self.peers.followed_homes,
+            served_by=self.logged_keys.served_by,
+            followed_buckets=self.peers.followed_buckets,
             clock=clock,
         )
         self.load_reports.subscribe(self.controller.load_changed)

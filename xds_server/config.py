@@ -577,6 +577,15 @@ class BalancingConfig(_Strict):
     # `xds-server bootstrap` does); "ring" hands each key to the next pod of its Maglev
     # permutation, which may be another loaded pod, while an idle one waits.
     spill_to: Literal["pool", "ring"] = "pool"
+    # Where a session key lives: "hash" places keys by the session cluster's Maglev ring
+    # weights (policy/homes.py); "buckets" keeps a table of key buckets that Envoy reads
+    # (`xxHash64(key) % key_buckets`, each pinned to the pod that took its first key; new
+    # keys go to the pods under their share: policy/buckets.py), so that a key is homed
+    # at first sight and never moved by another key's placement. Only in pools with
+    # session affinity, `spill_to: pool`, no LoRA adapters and no remotes; others keep
+    # "hash" (docs/routing.md).
+    key_homes: Literal["hash", "buckets"] = "hash"
+    key_buckets: Annotated[int, Field(ge=2, le=1024)] = 256
     # How much Envoy's own in-flight count corrects the weights in GPU-aware pools: above 0,
     # Envoy's least request picks by weight / (active + 1)^bias when weights differ
     # (least_request_lb_config active_request_bias) and by power of two choices on active
@@ -607,6 +616,18 @@ class BalancingConfig(_Strict):
     # bytes pile prompts that share only a template's opening onto one pod; set it to the
     # length of the prefixes the clients share (512 bytes is about 128 tokens of English).
     prefix_key_bytes: Annotated[int, Field(ge=0, le=8192)] = 0
+
+    def keeps_buckets(self, pool: PoolConfig) -> bool:
+        """Whether `pool`'s session keys live in a table of key buckets (`key_homes`
+        "buckets"): a pool with session affinity, `spill_to: pool`, no LoRA adapters and no
+        remotes."""
+        return (
+            pool.session_affinity
+            and self.spill_to == "pool"
+            and self.key_homes == "buckets"
+            and not pool.adapters
+            and not pool.remotes
+        )
 
 
 class ModelBands(_Strict):
@@ -841,6 +862,11 @@ class RoutingConfig(_Strict):
         """Whether `pool`'s spilling pods send their keys' requests to its spill listener
         (session affinity with `balancing.spill_to` "pool")."""
         return pool.session_affinity and self.balancing.spill_to == "pool"
+
+    def bucket_homes(self, pool: PoolConfig) -> bool:
+        """Whether `pool`'s session keys live in a table of key buckets
+        (BalancingConfig.keeps_buckets)."""
+        return self.balancing.keeps_buckets(pool)
 
     def pool_of(self, model: str) -> PoolConfig | None:
         """The pool serving `model` (a model or a LoRA adapter), or None when no pool does."""

@@ -21,6 +21,7 @@ from xds_server.clock import Clock, loop_clock
 from xds_server.config import RoutingConfig
 from xds_server.envoy import names
 from xds_server.errors import ConfigError, XdsServerError
+from xds_server.policy.buckets import FollowedBuckets
 from xds_server.policy.decision import (
     Decider,
     Decision,
@@ -39,6 +40,7 @@ from xds_server.xds.snapshot import Snapshot
 
 __all__ = [
     "Controller",
+    "HomeBuckets",
     "LOAD_DECISION_GAP_S",
     "LoadSource",
     "RemotesSource",
@@ -64,6 +66,11 @@ T = TypeVar("T")
 # No session keys logged: the same object every time, so that a decision on it is skipped.
 _NO_SESSION_KEYS: Mapping[str, Mapping[int, float]] = MappingProxyType({})
 _NO_HOMES: Mapping[str, Mapping[str, float]] = MappingProxyType({})
+_NO_SERVED_BY: Mapping[str, Mapping[int, str]] = MappingProxyType({})
+_NO_BUCKETS: Mapping[str, FollowedBuckets] = MappingProxyType({})
+# Per pool that keeps key buckets: each endpoint's pinned buckets, and the endpoints new
+# keys go to (Controller.home_buckets; peering/reports.py's SessionKeysReport).
+HomeBuckets = tuple[dict[str, dict[str, tuple[int, ...]]], dict[str, tuple[str, ...]]]
 
 
 class SessionKeysSource(Protocol):
@@ -71,6 +78,20 @@ class SessionKeysSource(Protocol):
     (xds/session_keys.py). The same object as the last call's while no key was logged."""
 
     def __call__(self) -> Mapping[str, Mapping[int, float]]: ...
+
+
+class ServedBySource(Protocol):
+    """Per pool, the pod (endpoint id) each key its own Envoys logged was last served by
+    (xds/session_keys.py). The same object while unchanged."""
+
+    def __call__(self) -> Mapping[str, Mapping[int, str]]: ...
+
+
+class FollowedBucketsSource(Protocol):
+    """Per pool that keeps key buckets, the table of the replica this one follows
+    (peering/links.py); empty when it keeps its own. The same object while unchanged."""
+
+    def __call__(self) -> Mapping[str, FollowedBuckets]: ...
 
 
 class FollowedHomesSource(Protocol):
@@ -141,6 +162,8 @@ class Controller:
         remotes: RemotesSource | None = None,
         session_keys: SessionKeysSource | None = None,
         followed_homes: FollowedHomesSource | None = None,
+        served_by: ServedBySource | None = None,
+        followed_buckets: FollowedBucketsSource | None = None,
         group: str = DEFAULT_GROUP,
         clock: Clock = loop_clock,
     ) -> None:
@@ -150,6 +173,8 @@ class Controller:
         self._load = load
         self._session_keys = session_keys
         self._followed_homes = followed_homes
+        self._served_by = served_by
+        self._followed_buckets = followed_buckets
         self._remotes = remotes
         self._group = group
         self._clock = clock
@@ -406,7 +431,28 @@ class Controller:
             load=self._load.fleet_load(config) if self._load is not None else None,
             session_keys=_NO_SESSION_KEYS if self._session_keys is None else self._session_keys(),
             followed_homes=(_NO_HOMES if self._followed_homes is None else self._followed_homes()),
+            served_by=_NO_SERVED_BY if self._served_by is None else self._served_by(),
+            followed_buckets=(
+                _NO_BUCKETS if self._followed_buckets is None else self._followed_buckets()
+            ),
         )
+
+    def home_buckets(self) -> HomeBuckets:
+        """Per pool that keeps key buckets, each endpoint's pinned buckets and the endpoints
+        new keys go to, as this replica pushed them: what the replicas that follow it take
+        (peering/links.py)."""
+        config, decision = self._config, self.decision
+        if config is None:
+            return {}, {}
+        buckets: dict[str, dict[str, tuple[int, ...]]] = {}
+        spares: dict[str, tuple[str, ...]] = {}
+        for pool in config.pools:
+            state = decision.pools.get(pool.name)
+            if state is None or not config.bucket_homes(pool):
+                continue
+            buckets[pool.name] = {e.id: e.key_buckets for e in state.endpoints if e.key_buckets}
+            spares[pool.name] = tuple(sorted(e.id for e in state.endpoints if e.key_spare))
+        return buckets, spares
 
     def home_factors(self) -> dict[str, dict[str, float]]:
         """Per session pool, each endpoint's ring-weight factor as this replica holds it
@@ -466,6 +512,8 @@ class Controller:
             inputs.load,
             inputs.session_keys,
             inputs.followed_homes,
+            inputs.served_by,
+            inputs.followed_buckets,
         )
         last = self._decided_on
         if (

@@ -61,7 +61,7 @@ class _Built:
 # What a pool's assignments are built from: its config, the policy's state of it (None: from
 # config), whether its spilling pods go to its spill listener, and its failover (None: no
 # remotes).
-_PoolKey = tuple[PoolConfig, PoolState | None, bool, PoolFailover | None]
+_PoolKey = tuple[PoolConfig, PoolState | None, bool, PoolFailover | None, bool]
 # A pool's runtime keys, by Envoy, where they differ from those of an Envoy not named.
 _EnvoyKeys = Mapping[str, Mapping[str, int]]
 
@@ -167,6 +167,7 @@ class SnapshotBuilder:
                 decision.pools.get(pool.name),
                 config.spills(pool),
                 decision.failover.get(pool.name),
+                config.bucket_homes(pool),
             )
             cached = self._assignments.get(pool.name)
             if cached is not None and cached[0] == key:
@@ -175,7 +176,9 @@ class SnapshotBuilder:
                 changed = True
                 resources = serialize_resources(
                     ResourceType.ENDPOINT,
-                    envoy.build_pool_endpoints(pool, key[1], spills=key[2], failover=key[3]),
+                    envoy.build_pool_endpoints(
+                        pool, key[1], spills=key[2], failover=key[3], buckets=key[4]
+                    ),
                 )
                 yield
             fresh[pool.name] = (key, resources)

@@ -14,7 +14,9 @@ import aiohttp
 from aiohttp import web
 
 from tests.e2e.conftest import eventually
+from xds_server.app import XdsApplication
 from xds_server.config import RoutingConfig
+from xds_server.settings import ServerSettings
 from xds_testbed.gateway import LocalGateway, run_local_gateway
 
 __all__ = [
@@ -147,3 +149,26 @@ async def homes_on_every_pod(
 
     found: dict[str, int] = await eventually(homes, within_s=20, what="keys on every pod")
     return found
+
+
+async def peered_leader(
+    stack: contextlib.AsyncExitStack, gateway: LocalGateway, tmp_path: Path
+) -> XdsApplication:
+    """A second replica of the gateway's config, "other" (its name sorts first: it places
+    keys for both), with no Envoy of its own, peered with the gateway's server both ways;
+    closed with `stack`."""
+    other = await stack.enter_async_context(
+        XdsApplication(
+            ServerSettings(
+                config_path=tmp_path / "config.yaml",
+                xds_port=0,
+                admin_port=0,
+                config_poll_s=3600,
+                replica="other",
+            )
+        )
+    )
+    await other.wait_ready(within_s=20)
+    gateway.app.peers.set_peers([f"127.0.0.1:{other.xds_port}"])
+    other.peers.set_peers([f"127.0.0.1:{gateway.app.xds_port}"])
+    return other

@@ -20,12 +20,11 @@ from collections import Counter
 from pathlib import Path
 
 from tests.e2e.conftest import eventually
-from tests.e2e.session_pods import Pod, homes_on_every_pod, session_gateway
+from tests.e2e.session_pods import Pod, homes_on_every_pod, peered_leader, session_gateway
 from tests.e2e.session_pods import served as serving_pod
 from xds_server.app import XdsApplication
 from xds_server.maglev import MaglevTable, key_hash, maglev_table, table_size
 from xds_server.policy.state import PoolState
-from xds_server.settings import ServerSettings
 
 
 async def test_a_pod_that_keeps_spilling_hands_some_of_its_keys_to_the_others_for_good(
@@ -187,20 +186,7 @@ async def test_a_replica_places_the_keys_its_peers_envoys_logged(tmp_path: Path)
         ]
         advanced = {"home_window_intervals": 10}
         gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
-        other = await stack.enter_async_context(
-            XdsApplication(
-                ServerSettings(
-                    config_path=tmp_path / "config.yaml",
-                    xds_port=0,
-                    admin_port=0,
-                    config_poll_s=3600,
-                    replica="other",
-                )
-            )
-        )
-        await other.wait_ready(within_s=20)
-        gateway.app.peers.set_peers([f"127.0.0.1:{other.xds_port}"])
-        other.peers.set_peers([f"127.0.0.1:{gateway.app.xds_port}"])
+        other = await peered_leader(stack, gateway, tmp_path)
         keys = _uneven_keys(gateway.app.controller.decision.pools["gpu"])
 
         def homes(app: XdsApplication) -> dict[str, str]:

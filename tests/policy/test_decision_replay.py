@@ -10,7 +10,8 @@ policy's outputs and memory since the recording (`ADDED_SINCE`) are left out of 
 comparison: the key homes (homes.py) move a ring weight only after a window of decisions,
 so a decision replayed alone, from a recorded memory without them, keeps the capacity's;
 affinity (affinity.py) is suspended only after a streak of decisions, so it sticks; an
-admission's `tenants` (weighted tenants' split of a band) is empty without them.
+admission's `tenants` (weighted tenants' split of a band) is empty without them; the key
+buckets (buckets.py: `buckets`, `key_buckets`, `key_spare`) are off by default.
 """
 
 from __future__ import annotations
@@ -28,7 +29,17 @@ from xds_server.policy.decision import decide
 RECORDS = Path(__file__).parent / "data" / "decisions.json.gz"
 # Output fields that did not exist when the decisions were recorded.
 ADDED_SINCE: frozenset[str] = frozenset(
-    {"reasons", "homes", "affinity", "keys_suspended", "failover", "tenants"}
+    {
+        "reasons",
+        "homes",
+        "affinity",
+        "keys_suspended",
+        "failover",
+        "tenants",
+        "buckets",
+        "key_buckets",
+        "key_spare",
+    }
 )
 
 

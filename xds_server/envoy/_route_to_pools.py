@@ -294,7 +294,10 @@ def route_action(
         timeout=_protos.duration(config.listener.request_timeout_s),
     )
     pool = config.pool_of(model)
-    _add_retries(config, action, across_priorities=pool is not None and bool(pool.remotes))
+    # A bucketed session cluster's priority 1 is the pool, through the spill listener
+    # (envoy/endpoints.py): a key whose pod just died is retried there, not on its pod.
+    across = pool is not None and (bool(pool.remotes) or (hashed and config.bucket_homes(pool)))
+    _add_retries(config, action, across_priorities=across)
     if adapter:
         action.metadata_match.CopyFrom(_lora_subset(model))
     if hashed:
@@ -317,7 +320,9 @@ def _add_retries(config: RoutingConfig, action: _Any, *, across_priorities: bool
     retry budget (clusters.py) bounds how many retries run at once. `across_priorities`
     (a pool with remotes: EDS priority 1, envoy/endpoints.py): `previous_priorities`
     sends a retry to a priority not tried yet, so a request whose local pod just died
-    goes to a remote cluster instead of to another local pod that may be dead too.
+    goes to a remote cluster instead of to another local pod that may be dead too; on a
+    bucketed session cluster (a key's bucket has one pod at priority 0) the retry goes to
+    the pool, through the spill listener, instead of to the same pod again.
     """
     retries = config.upstream.retries
     if retries == 0:

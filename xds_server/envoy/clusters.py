@@ -43,7 +43,9 @@ requests over the pool's cluster until it recovers, while the other keys stay pu
 Envoy's bounded load (`hash_balance_factor`, off by default) would skip a host over a
 multiple of the mean in-flight load of this cluster at one Envoy: a pod against the
 others, not against its own room, so on scenario c it moved keys off pods that had room.
-Requests without a session key never reach it.
+Requests without a session key never reach it. A pool that keeps its keys in buckets
+(`balancing.key_homes` "buckets") has no Maglev there: the subset balancer picks by the
+request's key bucket (`_key_bucket_subsets`).
 
 A GPU-aware pool (weights from metrics) also gets a cluster for its long prompts,
 `<pool>/long` (`balancing.long_prompt_bytes`; routes.py sends them there): a copy of the
@@ -267,12 +269,55 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
             )
         ),
     )
+    if config.bucket_homes(pool):
+        policy = _key_bucket_subsets(_least_request())
+    else:
+        policy = _subset(config, pool, maglev)
     return _eds_cluster(
         config,
         pool,
         names.session_cluster_name(pool.name),
-        _subset(pool, maglev),
+        policy,
         service_name=names.session_eds_service_name(pool.name),
+    )
+
+
+def _least_request() -> _Any:
+    """Envoy's least request with its defaults (2 choices, active_request_bias 1)."""
+    return extension_pb2.TypedExtensionConfig(
+        name=LEAST_REQUEST_POLICY, typed_config=_protos.pack(least_request_pb2.LeastRequest())
+    )
+
+
+def _key_bucket_subsets(child: _Any) -> _Any:
+    """A bucketed session cluster (`key_homes: buckets`): one subset per key bucket, made
+    of the endpoints whose `key_bucket` list holds it (endpoints.py: its pod at priority 0,
+    the pod's stand-in at the spill listener at priority 1), picked by the request's
+    bucket (listeners.py); a bucket no endpoint lists goes to the default subset, the
+    `key_spare` pods, where `child` sends a new key to the one with the fewest requests in
+    flight, as a router homes a key on the least loaded pod.
+
+    `child` is least request, not Maglev: Envoy's hashing balancers pick the priority by
+    the key's hash alone, so a retry of a request whose pod just died drew the same pod
+    again until its ejection had reached the subset's table (probed on Envoy 1.40: one
+    request in three to a dead pod failed all three attempts). Least request honours the
+    routes' `previous_priorities` (routes.py): the retry goes to priority 1, the pool."""
+    subset = subset_pb2.Subset
+    default = struct_pb2.Struct()
+    default.update({names.KEY_SPARE_KEY: True})
+    return extension_pb2.TypedExtensionConfig(
+        name=SUBSET_POLICY,
+        typed_config=_protos.pack(
+            subset(
+                subset_selectors=[subset.LbSubsetSelector(keys=[names.KEY_BUCKET_KEY])],
+                list_as_any=True,
+                fallback_policy=subset.DEFAULT_SUBSET,
+                default_subset=default,
+                subset_lb_policy=cluster_pb2.LoadBalancingPolicy(
+                    policies=[cluster_pb2.LoadBalancingPolicy.Policy(typed_extension_config=child)]
+                ),
+            )
+        ),
     )
 
 
@@ -383,19 +428,34 @@ def _balancing(config: RoutingConfig, pool: PoolConfig) -> _Any:
             # Defaults: 2 choices when weights are equal, active_request_bias 1.
             typed_config=_protos.pack(least_request),
         )
-    return _subset(pool, child)
+    return _subset(config, pool, child)
 
 
-def _subset(pool: PoolConfig, child: _Any) -> _Any:
-    """`child` as is, or inside the subset balancer by LoRA adapter when the pool has any."""
+def _subset(config: RoutingConfig, pool: PoolConfig, child: _Any) -> _Any:
+    """`child` as is, or inside the subset balancer by LoRA adapter when the pool has any.
+    When some pool keeps its keys in buckets, a keyed request's criteria hold its
+    `key_bucket` beside the route's `lora` (the router merges the request's `envoy.lb`
+    metadata in), which no `[lora]` subset matches: a `[key_bucket, lora]` selector,
+    which no endpoint here fills, falls back to the `[lora]` subsets (KEYS_SUBSET).
+    Without it a keyed request for an adapter went to any pod
+    (bench/results/bucket-homes/probe.py)."""
     if not pool.adapters:
         return child
     subset = subset_pb2.Subset
+    selectors = [subset.LbSubsetSelector(keys=[names.LORA_KEY])]
+    if any(config.bucket_homes(p) for p in config.pools):
+        selectors.append(
+            subset.LbSubsetSelector(
+                keys=[names.KEY_BUCKET_KEY, names.LORA_KEY],
+                fallback_policy=subset.LbSubsetSelector.KEYS_SUBSET,
+                fallback_keys_subset=[names.LORA_KEY],
+            )
+        )
     return extension_pb2.TypedExtensionConfig(
         name=SUBSET_POLICY,
         typed_config=_protos.pack(
             subset(
-                subset_selectors=[subset.LbSubsetSelector(keys=[names.LORA_KEY])],
+                subset_selectors=selectors,
                 # `lora` is a list: each element makes (or joins) a subset of its own.
                 list_as_any=True,
                 # A request naming no adapter, or one no healthy pod holds: the whole pool.

@@ -37,6 +37,12 @@ there; any other pool takes them from the config, as written. Per endpoint:
   subset Envoy keeps), and only on HEALTHY endpoints: a subset whose hosts are all out of
   rotation is still "found", and Envoy answers 503 instead of falling back to the other
   endpoints, so a draining or stale holder must leave its subsets.
+- metadata `envoy.lb: {key_bucket: [...], key_spare: true}` in the session assignment of a
+  pool that keeps its keys in buckets (`balancing.key_homes` "buckets"): the buckets
+  pinned to the pod and whether new keys go to it (policy/buckets.py), on HEALTHY
+  endpoints only, as the adapters; before any decision every pod takes new keys. Its
+  priority 1 holds, for each such pod, a stand-in at the pool's spill listener with the
+  same lists (`_add_bucket_fallbacks`).
 - metadata `llm: {hardware: ...}` when known, for people reading /clusters.
 - `hostname`: the endpoint's name (config.EndpointConfig.name: `namespace/name` on
   Kubernetes, else `address:port`). The session cluster's Maglev table hashes it
@@ -115,6 +121,7 @@ def build_endpoints(config: RoutingConfig, decision: Decision | None = None) -> 
             decided.get(pool.name),
             spills=config.spills(pool),
             failover=decision.failover.get(pool.name) if decision is not None else None,
+            buckets=config.bucket_homes(pool),
         )
     ]
 
@@ -125,16 +132,17 @@ def build_pool_endpoints(
     *,
     spills: bool,
     failover: PoolFailover | None = None,
+    buckets: bool = False,
 ) -> list[_Any]:
     """`pool`'s assignments (build_endpoints), from `state` when the policy decided on the
     pool, else from its config; `spills`: config.spills(pool); `failover`: its remotes and
-    local share (None: no remotes). A pool's assignments depend on nothing else, so a
-    change to one pool rebuilds only its own."""
+    local share (None: no remotes); `buckets`: config.bucket_homes(pool). A pool's
+    assignments depend on nothing else, so a change to one pool rebuilds only its own."""
     checked = _checked(pool.name, state.endpoints) if state is not None else []
     assignments = []
     for ring in (False, True) if pool.session_affinity else (False,):
         if state is None:
-            lb_endpoints = [_from_config(pool, e) for e in pool.endpoints]
+            lb_endpoints = [_from_config(pool, e, spare=ring and buckets) for e in pool.endpoints]
         else:
             spill_listener = names.spill_listener_name(pool.name) if ring and spills else None
             lb_endpoints = [
@@ -144,6 +152,7 @@ def build_pool_endpoints(
                     ring=ring,
                     spill_listener=spill_listener,
                     suspended=state.keys_suspended,
+                    buckets=ring and buckets,
                 )
                 for e in checked
             ]
@@ -160,10 +169,51 @@ def build_pool_endpoints(
                 assignment.policy.overprovisioning_factor.value = max(
                     DEFAULT_OVERPROVISIONING, 100 * len(lb_endpoints)
                 )
+        if ring and buckets and state is not None:
+            _add_bucket_fallbacks(assignment, pool, checked)
         if failover is not None and failover.targets:
             _add_remotes(assignment, failover)
         assignments.append(assignment)
     return assignments
+
+
+def _add_bucket_fallbacks(
+    assignment: _Any, pool: PoolConfig, endpoints: Iterable[EndpointState]
+) -> None:
+    """Priority 1 of a bucketed session assignment: for each pod that holds buckets or
+    takes new keys, a stand-in at the pool's spill listener (`endpoint_id` the pod's name
+    and names.KEY_FALLBACK_SUFFIX) listing the same. A bucket's subset keeps the
+    priorities, so when its pod is out of rotation at an Envoy (ejected by its outlier
+    detection) its keys are balanced over the pool, as Maglev's table sends them to the
+    other pods, instead of a 503 (bench/results/bucket-homes/probe.py)."""
+    fallbacks = endpoint_components_pb2.LocalityLbEndpoints(priority=1)
+    listener = names.spill_listener_name(pool.name)
+    for endpoint in endpoints:
+        if endpoint.health is not Health.HEALTHY or not (
+            endpoint.key_buckets or endpoint.key_spare
+        ):
+            continue
+        name = endpoint.ring_key + names.KEY_FALLBACK_SUFFIX
+        lb_endpoint = endpoint_components_pb2.LbEndpoint(
+            endpoint=endpoint_components_pb2.Endpoint(
+                address=address_pb2.Address(
+                    envoy_internal_address=address_pb2.EnvoyInternalAddress(
+                        server_listener_name=listener, endpoint_id=name
+                    )
+                ),
+                hostname=name,
+            ),
+            load_balancing_weight=wrappers_pb2.UInt32Value(
+                value=endpoint.ring_weight if endpoint.ring_weight is not None else endpoint.weight
+            ),
+            health_status=health_check_pb2.HEALTHY,
+        )
+        lb_endpoint.metadata.filter_metadata[names.LB_METADATA_NAMESPACE].CopyFrom(
+            _bucket_metadata(endpoint.key_buckets, spare=endpoint.key_spare)
+        )
+        fallbacks.lb_endpoints.append(lb_endpoint)
+    if fallbacks.lb_endpoints:
+        assignment.endpoints.append(fallbacks)
 
 
 def _add_remotes(assignment: _Any, failover: PoolFailover) -> None:
@@ -230,13 +280,15 @@ def _checked(pool: str, endpoints: Iterable[EndpointState]) -> list[EndpointStat
     return ordered
 
 
-def _from_config(pool: PoolConfig, endpoint: EndpointConfig) -> _Any:
+def _from_config(pool: PoolConfig, endpoint: EndpointConfig, *, spare: bool = False) -> _Any:
+    """`endpoint` as configured; with `spare` (a bucketed session assignment before any
+    decision) one of the pods new keys go to, as every pod is until keys are pinned."""
     lb_endpoint = _lb_endpoint(
         endpoint.address,
         endpoint.port,
         endpoint.weight,
         hostname=endpoint.ring_key,
-        metadata=_metadata(pool, (), endpoint.hardware),
+        metadata=_metadata(pool, (), endpoint.hardware, buckets=() if spare else None, spare=spare),
     )
     if endpoint.draining:
         lb_endpoint.health_status = HEALTH_STATUS[Health.DRAINING]
@@ -250,12 +302,15 @@ def _from_state(
     ring: bool,
     spill_listener: str | None,
     suspended: bool = False,
+    buckets: bool = False,
 ) -> _Any:
     """`endpoint` in the pool's assignment, or with `ring` in its session assignment, where
     a spilling pod is sent to `spill_listener` (or, when None, out of rotation), and so is
     every pod while the pool's keys are `suspended` (when there is a listener to send
-    them to)."""
-    adapters = endpoint.adapters if endpoint.health is Health.HEALTHY else ()
+    them to); with `buckets`, listing its key buckets (and whether new keys go to it)
+    while it is HEALTHY."""
+    healthy = endpoint.health is Health.HEALTHY
+    adapters = endpoint.adapters if healthy else ()
     weight = endpoint.weight
     if ring and endpoint.ring_weight is not None:
         weight = endpoint.ring_weight
@@ -264,7 +319,13 @@ def _from_state(
         endpoint.port,
         weight,
         hostname=endpoint.ring_key,
-        metadata=_metadata(pool, adapters, endpoint.hardware),
+        metadata=_metadata(
+            pool,
+            adapters,
+            endpoint.hardware,
+            buckets=endpoint.key_buckets if buckets and healthy else None,
+            spare=buckets and healthy and endpoint.key_spare,
+        ),
     )
     lb_endpoint.health_status = HEALTH_STATUS[endpoint.health]
     if endpoint.health is not Health.HEALTHY:
@@ -285,8 +346,22 @@ def _from_state(
     return lb_endpoint
 
 
-def _metadata(pool: PoolConfig, adapters: Iterable[str], hardware: str | None) -> _Any | None:
+def _metadata(
+    pool: PoolConfig,
+    adapters: Iterable[str],
+    hardware: str | None,
+    *,
+    buckets: tuple[int, ...] | None = None,
+    spare: bool = False,
+) -> _Any | None:
+    """The endpoint's metadata: its adapters (a pool with any), its key buckets and
+    whether new keys go to it (`buckets` not None: a bucketed session assignment), its
+    hardware."""
     metadata = base_pb2.Metadata()
+    if buckets is not None:
+        metadata.filter_metadata[names.LB_METADATA_NAMESPACE].CopyFrom(
+            _bucket_metadata(buckets, spare=spare)
+        )
     if pool.adapters:
         held = sorted(set(adapters).intersection(pool.adapters))
         lb = struct_pb2.Struct()
@@ -295,6 +370,16 @@ def _metadata(pool: PoolConfig, adapters: Iterable[str], hardware: str | None) -
     if hardware is not None:
         metadata.filter_metadata[names.METADATA_NAMESPACE].update({names.HARDWARE_KEY: hardware})
     return metadata if metadata.filter_metadata else None
+
+
+def _bucket_metadata(buckets: tuple[int, ...], *, spare: bool) -> _Any:
+    """`envoy.lb` of a bucketed session entry: the buckets pinned to it, as strings (the
+    listener writes a request's bucket as one), and KEY_SPARE_KEY when new keys go to it."""
+    lb = struct_pb2.Struct()
+    lb.get_or_create_list(names.KEY_BUCKET_KEY).extend([str(b) for b in sorted(buckets)])
+    if spare:
+        lb.update({names.KEY_SPARE_KEY: True})
+    return lb
 
 
 def _lb_endpoint(

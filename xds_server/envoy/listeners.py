@@ -23,7 +23,10 @@ One listener, one HTTP connection manager (HCM), and its HTTP filters:
    its own. The session routes give it one each (per-route config) that writes the body's
    session key, or the prompt's prefix, into names.SESSION_HEADER for their hash policy
    (routes.py).
-3. `envoy.filters.http.router` forwards; responses are never buffered (no buffer or
+3. Only when a pool keeps its keys in buckets (`balancing.key_homes` "buckets"): the
+   composite filter of _key_buckets.py, which writes the session header's bucket into the
+   request's `envoy.lb` dynamic metadata for the bucketed session clusters' subsets.
+4. `envoy.filters.http.router` forwards; responses are never buffered (no buffer or
    compressor filter), so server-sent events reach the client chunk by chunk. When a pool
    has a long-prompt lane (config.lanes), its upstream log sends the upstream streams of
    requests with a `content-length` of at least `balancing.long_prompt_bytes` to this
@@ -108,7 +111,7 @@ from envoy.type.v3 import range_pb2
 from google.protobuf import struct_pb2, wrappers_pb2  # type: ignore[import-untyped, unused-ignore]
 
 from xds_server.config import PoolConfig, RoutingConfig, TenantsConfig
-from xds_server.envoy import _error_bodies, _protos, _tenant_limits, names
+from xds_server.envoy import _error_bodies, _key_buckets, _protos, _tenant_limits, names
 from xds_server.envoy.access_log import request_log
 
 __all__ = [
@@ -286,6 +289,9 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
             else None,
             streams=any(bounds_streams(p) for p in config.pools),
             tenants=config.flow_control.tenants,
+            key_buckets=config.balancing.key_buckets
+            if any(config.bucket_homes(p) for p in config.pools)
+            else None,
         ),
         local_reply_config=_local_replies(config),
         # One JSON line per request (access_log.py); the spill listener's hop is not
@@ -312,6 +318,7 @@ def _http_filters(
     long_prompt_bytes: int | None,
     streams: bool,
     tenants: TenantsConfig | None = None,
+    key_buckets: int | None = None,
 ) -> list[_Any]:
     tenants = tenants or TenantsConfig()
     rate_limit = hcm_pb2.HttpFilter(
@@ -341,6 +348,10 @@ def _http_filters(
                 typed_config=_protos.pack(header_mutation_pb2.HeaderMutation()),
             )
         )
+    if key_buckets is not None:
+        # After the session routes wrote the session header, before the router reads the
+        # subset criteria.
+        filters.append(_key_buckets.key_bucket_filter(key_buckets))
     router = router_pb2.Router()
     if long_prompt_bytes is not None:
         router.upstream_log.append(_long_prompt_log(long_prompt_bytes))
@@ -397,9 +408,7 @@ def _session_key_log() -> _Any:
     )
     keyed = accesslog_pb2.AccessLogFilter(
         header_filter=accesslog_pb2.HeaderFilter(
-            header=route_components_pb2.HeaderMatcher(
-                name=names.SESSION_HEADER, present_match=True
-            )
+            header=route_components_pb2.HeaderMatcher(name=names.SESSION_HEADER, present_match=True)
         )
     )
     ready = accesslog_pb2.AccessLogFilter(

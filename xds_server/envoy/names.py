@@ -31,6 +31,9 @@ __all__ = [
     "ERROR_TYPE",
     "HARDWARE_KEY",
     "HCM_STAT_PREFIX",
+    "KEY_BUCKET_KEY",
+    "KEY_FALLBACK_SUFFIX",
+    "KEY_SPARE_KEY",
     "LB_METADATA_NAMESPACE",
     "LISTENER_NAME",
     "LOCAL_SHARE_ADDRESS",
@@ -113,6 +116,16 @@ UNROUTED_CLUSTER = "_unrouted"
 # subset `lora == A` through its `metadata_match` (clusters.py, routes.py).
 LB_METADATA_NAMESPACE = "envoy.lb"
 LORA_KEY = "lora"
+# Key buckets (`balancing.key_homes` "buckets"): the listener writes each keyed request's
+# bucket, `xxHash64(session header) % key_buckets`, into the request's `envoy.lb` dynamic
+# metadata as KEY_BUCKET_KEY (listeners.py); a session assignment's endpoint lists the
+# buckets pinned to it under KEY_BUCKET_KEY, and the pods new keys go to carry
+# KEY_SPARE_KEY (endpoints.py, clusters.py).
+KEY_BUCKET_KEY = "key_bucket"
+KEY_SPARE_KEY = "key_spare"
+# The `endpoint_id` of a pod's stand-in at priority 1 of a bucketed session assignment:
+# the spill listener, which takes the pod's keys while it is out or ejected (endpoints.py).
+KEY_FALLBACK_SUFFIX = "#fallback"
 
 # Endpoint metadata for people, not for balancing: under METADATA_NAMESPACE, the hardware
 # class (shown by admin /clusters and /config_dump).

@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from xds_server.clock import Clock, loop_clock
 from xds_server.peering.reports import MAX_REPORT_BYTES, ReplicaReport, SessionKeysReport
 from xds_server.peering.service import KEYS_HELLO, POOLS_HELLO, WATCH_METHOD
+from xds_server.policy.buckets import FollowedBuckets
 
 __all__ = ["PeerLinks", "PeerState"]
 
@@ -59,6 +60,7 @@ class PeerState:
 
 
 _NOT_FOLLOWING: Mapping[str, Mapping[str, float]] = MappingProxyType({})
+_NOT_FOLLOWING_BUCKETS: Mapping[str, FollowedBuckets] = MappingProxyType({})
 
 
 def _identity(data: bytes) -> bytes:
@@ -99,6 +101,16 @@ class PeerLinks:
         self._backoff_s = backoff_s
         self._peers: dict[str, PeerState] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        # The reports the peers' served-by was merged from, and it.
+        self._served_by: tuple[tuple[SessionKeysReport, ...], Mapping[str, Mapping[int, str]]] = (
+            (),
+            MappingProxyType({}),
+        )
+        # The leader's session keys report its followed buckets were read from, and them.
+        self._buckets_of: tuple[SessionKeysReport | None, Mapping[str, FollowedBuckets]] = (
+            None,
+            _NOT_FOLLOWING_BUCKETS,
+        )
         self._keys_added: tuple[
             tuple[SessionKeysReport, ...], Mapping[str, Mapping[int, float]]
         ] = (
@@ -182,10 +194,8 @@ class PeerLinks:
     def session_keys(self) -> Mapping[str, Mapping[int, float]]:
         """Per pool, each session key hash's decayed count over every peer's own Envoys:
         the same object while no peer sent new keys."""
-        peers = sorted(self._peers.values(), key=lambda p: p.address)
-        reports = tuple(p.session_keys for p in peers if p.session_keys is not None)
-        last = self._keys_added[0]
-        if len(reports) != len(last) or any(a is not b for a, b in zip(reports, last, strict=True)):
+        reports = self._key_reports()
+        if not _same(reports, self._keys_added[0]):
             added: dict[str, dict[int, float]] = {}
             for report in reports:
                 for pool, keys in report.pools.items():
@@ -196,22 +206,71 @@ class PeerLinks:
             self._keys_added = (reports, frozen)
         return self._keys_added[1]
 
+    def served_by(self) -> Mapping[str, Mapping[int, str]]:
+        """Per pool, the pod each key its peers' Envoys logged was last served by (the peer
+        whose address sorts first wins a key both logged): the same object while no peer
+        sent new keys."""
+        reports = self._key_reports()
+        if not _same(reports, self._served_by[0]):
+            merged: dict[str, dict[int, str]] = {}
+            for report in reversed(reports):
+                for pool, served in report.served_by.items():
+                    merged.setdefault(pool, {}).update(served)
+            frozen = MappingProxyType({p: MappingProxyType(s) for p, s in merged.items()})
+            self._served_by = (reports, frozen)
+        return self._served_by[1]
+
+    def _key_reports(self) -> tuple[SessionKeysReport, ...]:
+        """The peers' latest session keys reports, by address."""
+        peers = sorted(self._peers.values(), key=lambda p: p.address)
+        return tuple(p.session_keys for p in peers if p.session_keys is not None)
+
     def followed_homes(self) -> Mapping[str, Mapping[str, float]]:
         """The key homes this replica takes (per session pool, each endpoint's ring-weight
         factor): those of the replica that places for all, the one whose name sorts first
         among this one and its peers that are up and send keys; empty when that is this
         one. The same object while the leader's report is."""
+        leader = self._leader()
+        if leader is None or leader.session_keys is None:
+            return _NOT_FOLLOWING
+        return leader.session_keys.factors
+
+    def _leader(self) -> PeerState | None:
+        """The peer this replica follows for key homes: the one whose name sorts first
+        among this one and its peers that are up and send keys; None when that is this
+        one."""
         up = [
             p
             for p in self._peers.values()
             if p.session_keys is not None and p.report is not None and self._is_up(p)
         ]
         leader = min(up, key=lambda p: p.report.replica if p.report else "", default=None)
-        if leader is None or leader.report is None or leader.session_keys is None:
-            return _NOT_FOLLOWING
-        if leader.report.replica >= self._replica:
-            return _NOT_FOLLOWING
-        return leader.session_keys.factors
+        if leader is None or leader.report is None or leader.report.replica >= self._replica:
+            return None
+        return leader
+
+    def followed_buckets(self) -> Mapping[str, FollowedBuckets]:
+        """The key buckets this replica takes (per pool that keeps them): those of the
+        replica it follows for key homes (`followed_homes`); empty when it keeps its own.
+        The same object while the leader's report is."""
+        leader = self._leader()
+        report = leader.session_keys if leader is not None else None
+        if report is None:
+            return _NOT_FOLLOWING_BUCKETS
+        if self._buckets_of[0] is not report:
+            self._buckets_of = (
+                report,
+                MappingProxyType(
+                    {
+                        pool: FollowedBuckets(
+                            buckets=MappingProxyType(dict(held)),
+                            spares=frozenset(report.spares.get(pool, ())),
+                        )
+                        for pool, held in report.buckets.items()
+                    }
+                ),
+            )
+        return self._buckets_of[1]
 
     def is_up(self, address: str) -> bool:
         """The link to `address` is open and was heard from lately."""
@@ -310,3 +369,8 @@ class PeerLinks:
         except grpc.aio.AioRpcError as exc:
             state.last_error = f"{exc.code().name}: {exc.details()}"
             return "unreachable"
+
+
+def _same(reports: tuple[SessionKeysReport, ...], last: tuple[SessionKeysReport, ...]) -> bool:
+    """Whether `reports` are the very reports `last` held (so what was made of them holds)."""
+    return len(reports) == len(last) and all(a is b for a, b in zip(reports, last, strict=True))

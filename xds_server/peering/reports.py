@@ -53,6 +53,9 @@ MAX_REPORTED_SESSION_KEYS = 65_536
 _KeyHash = Annotated[int, Field(ge=0, lt=2**64)]
 # A ring-weight factor (Tuning.home_max_factor is at most 100).
 _Factor = Annotated[float, Field(ge=0.01, le=100, allow_inf_nan=False)]
+# A key bucket (`balancing.key_buckets` is at most 1,024).
+MAX_KEY_BUCKETS = 1024
+_Bucket = Annotated[int, Field(ge=0, lt=MAX_KEY_BUCKETS)]
 
 
 class _Strict(BaseModel):
@@ -103,7 +106,8 @@ class PoolReport(_Strict):
 class SessionKeysReport(_Strict):
     """The session keys a replica's own Envoys logged: per pool, (key hash, decayed
     request count) pairs; and its key homes: per session pool, each endpoint's ring-weight
-    factor (policy/homes.py), which the replicas that follow it take as theirs."""
+    factor (policy/homes.py), or its key buckets (policy/buckets.py), which the replicas
+    that follow it take as theirs."""
 
     pools: Annotated[
         dict[
@@ -113,6 +117,28 @@ class SessionKeysReport(_Strict):
     ] = {}
     factors: Annotated[
         dict[_Name, Annotated[dict[_Name, _Factor], Field(max_length=10_000)]],
+        Field(max_length=10_000),
+    ] = {}
+    # Per pool, the pod (endpoint id) each reported key was last served by, where its own
+    # Envoys said: a replica that places key buckets pins a bucket there (buckets.py).
+    served_by: Annotated[
+        dict[_Name, Annotated[dict[_KeyHash, _Name], Field(max_length=MAX_SESSION_KEYS)]],
+        Field(max_length=10_000),
+    ] = {}
+    # Its key buckets (policy/buckets.py), per pool that keeps them: each endpoint's
+    # pinned buckets, and the endpoints new keys go to; its followers take both.
+    buckets: Annotated[
+        dict[
+            _Name,
+            Annotated[
+                dict[_Name, Annotated[tuple[_Bucket, ...], Field(max_length=MAX_KEY_BUCKETS)]],
+                Field(max_length=10_000),
+            ],
+        ],
+        Field(max_length=10_000),
+    ] = {}
+    spares: Annotated[
+        dict[_Name, Annotated[tuple[_Name, ...], Field(max_length=10_000)]],
         Field(max_length=10_000),
     ] = {}
 

@@ -25,6 +25,7 @@ from types import MappingProxyType
 from xds_server.config import PoolConfig, RoutingConfig
 from xds_server.policy.admission import BandLoad, PodCapacity, PodsHeld, PoolAdmission, admit
 from xds_server.policy.affinity import AffinityMemory
+from xds_server.policy.buckets import BucketMemory, FollowedBuckets
 from xds_server.policy.failover import PoolFailover
 from xds_server.policy.homes import HomeMemory
 from xds_server.policy.scoring import score_pool
@@ -86,6 +87,7 @@ class PoolMemory:
     spilled: frozenset[str] = frozenset()
     homes: HomeMemory = field(default_factory=HomeMemory)
     affinity: AffinityMemory = field(default_factory=AffinityMemory)
+    buckets: BucketMemory = field(default_factory=BucketMemory)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +106,10 @@ class DecisionInputs:
     `session_keys` holds, per pool, the hashes of the session keys its Envoys logged and
     their recent requests (xds/session_keys.py; empty when none are logged);
     `followed_homes`, per session pool, the ring-weight factors of the replica this one
-    follows (homes.followed_homes; empty when it places its own).
+    follows (homes.followed_homes; empty when it places its own); `served_by`, per pool,
+    the pod (endpoint id) each key its own Envoys logged was last served by (buckets.py);
+    `followed_buckets`, per pool that keeps key buckets, the table of the replica this
+    one follows (empty when it keeps its own).
     """
 
     config: RoutingConfig
@@ -112,6 +117,8 @@ class DecisionInputs:
     load: FleetLoad | None = None
     session_keys: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     followed_homes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    served_by: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    followed_buckets: Mapping[str, FollowedBuckets] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,6 +224,8 @@ class Decider:
         slowness = pool_load.slowness if pool_load is not None else _NO_SLOWNESS
         session_keys = inputs.session_keys.get(pool.name)
         followed = inputs.followed_homes.get(pool.name)
+        served_by = inputs.served_by.get(pool.name)
+        followed_table = inputs.followed_buckets.get(pool.name)
         key: _ScoringKey = (
             pool,
             config.balancing,
@@ -226,6 +235,8 @@ class Decider:
             slowness,
             session_keys,
             followed,
+            served_by,
+            followed_table,
             previous,
         )
         last = self._scored.get(pool.name)
@@ -246,6 +257,9 @@ class Decider:
             session_keys=session_keys,
             followed=followed,
             keys=previous.affinity,
+            buckets=previous.buckets,
+            served_by=served_by,
+            followed_table=followed_table,
             draining={endpoint_id(e) for e in pool.endpoints if e.draining},
             tuning=config.tuning(pool),
         )
@@ -256,6 +270,7 @@ class Decider:
             spilled=scored.spilled,
             homes=scored.homes,
             affinity=scored.affinity,
+            buckets=scored.buckets,
         )
         self._scored[pool.name] = (key, scored.state, remembered)
         return scored.state, remembered, True

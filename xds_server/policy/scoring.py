@@ -12,7 +12,8 @@ named stages (docs/routing.md):
 4. adapters (adapter_demand.py, adapters.py): where each LoRA adapter is advertised;
 5. spilling (spill.py): which pods pass their session keys on, and why;
 6. key homes (homes.py): ring weights nudged off capacity where keys' homes are uneven,
-   and whether sticking to them pays at all (affinity.py);
+   or a table of key buckets (buckets.py), and whether sticking to them pays at all
+   (affinity.py);
 7. weights (weights.py): scores cut for long prompts and spills, scaled, quantized.
 
 Each endpoint state carries the reasons the stages gave (reasons.py). Every number comes
@@ -30,6 +31,13 @@ from xds_server.config import BalancingConfig, EndpointConfig, PoolConfig
 from xds_server.maglev import table_size
 from xds_server.policy.adapter_demand import activity_of, pool_placement
 from xds_server.policy.affinity import Affinity, AffinityMemory, affinity
+from xds_server.policy.buckets import (
+    BucketHomes,
+    BucketMemory,
+    FollowedBuckets,
+    bucket_homes,
+    followed_buckets,
+)
 from xds_server.policy.capacity import relative_capacities
 from xds_server.policy.factors import score, weight_cuts
 from xds_server.policy.health import Rotation, rotation
@@ -45,6 +53,7 @@ __all__ = ["ScoredPool", "score_pool"]
 
 _DEFAULT_TUNING = Tuning()
 _NO_HOMES = HomeMemory()
+_NO_BUCKETS = BucketMemory()
 _STICKY = AffinityMemory()
 
 
@@ -61,6 +70,8 @@ class ScoredPool:
     spilled: frozenset[str] = frozenset()
     # The key homes' ring factors and window, to pass back as `homes` (homes.py).
     homes: HomeMemory = field(default_factory=HomeMemory)
+    # The pinned key buckets, to pass back as `buckets` (buckets.py).
+    buckets: BucketMemory = field(default_factory=BucketMemory)
     # Whether the keys stick, to pass back as `affinity` (affinity.py).
     affinity: AffinityMemory = field(default_factory=AffinityMemory)
 
@@ -155,6 +166,7 @@ def _endpoint_state(
     spilled: Spilling,
     long_prompts: Mapping[str, int],
     reasons: tuple[Reason, ...],
+    table: BucketHomes | None,
 ) -> EndpointState:
     key = endpoint_id(endpoint)
     return EndpointState(
@@ -170,6 +182,8 @@ def _endpoint_state(
         spilling=key in spilled.pods,
         verdict=pods.verdicts.get(key),
         reasons=reasons,
+        key_buckets=table.buckets.get(key, ()) if table is not None else (),
+        key_spare=table is not None and key in table.spares,
     )
 
 
@@ -190,13 +204,19 @@ def score_pool(
     session_keys: Mapping[int, float] | None = None,
     followed: Mapping[str, float] | None = None,
     keys: AffinityMemory = _STICKY,
+    buckets: BucketMemory = _NO_BUCKETS,
+    served_by: Mapping[int, str] | None = None,
+    followed_table: FollowedBuckets | None = None,
     tuning: Tuning = _DEFAULT_TUNING,
 ) -> ScoredPool:
     """The pool's endpoint states from its pods' `signals` (by endpoint id).
 
-    `memory`, `placement`, `adapter_activity`, `spilled`, `homes` and `keys` (affinity)
-    are the previous call's; `session_keys` the hashes of the session keys the Envoys
-    logged and their recent requests (homes.py places them; None: none logged)
+    `memory`, `placement`, `adapter_activity`, `spilled`, `homes`, `keys` (affinity) and
+    `buckets` are the previous call's; `served_by` the pod each logged key was last
+    served by (endpoint ids, where the Envoys said: buckets.py pins by it);
+    `followed_table` the key buckets of the replica this one follows (None: its own);
+    `session_keys` the hashes of the session keys the Envoys logged and their recent
+    requests (homes.py places them; None: none logged)
     (empty at first); `followed` the ring-weight factors of the replica this one follows
     (homes.followed_homes; None: this replica places its own); `draining` lists endpoints
     being shut down; `long_prompts` the long prompts in flight per endpoint id;
@@ -240,6 +260,22 @@ def score_pool(
     rings = _ring_weights(
         pool, pods, capacities, spill.loaded, homes, session_keys, followed, settings, tuning
     )
+    table = None
+    known = {endpoint_id(e) for e in pool.endpoints}
+    if settings.keeps_buckets(pool) and followed_table is not None:
+        table = followed_buckets(known, pods.healthy, followed_table)
+    elif settings.keeps_buckets(pool):
+        table = bucket_homes(
+            known,
+            pods.healthy,
+            _ring_base(pods, capacities, settings, tuning),
+            session_keys,
+            served_by,
+            spill.loaded,
+            buckets,
+            buckets=settings.key_buckets,
+            key_prior=tuning.home_key_prior,
+        )
     sticks = _affinity(pool, pods, keys, settings, tuning)
     suspended = sticks.reason if sticks is not None else None
     states = []
@@ -262,6 +298,7 @@ def score_pool(
                 reasons=_reasons(
                     key, pods, spill, capacities, slowness, rings[0], suspended, settings, tuning
                 ),
+                table=table,
             )
         )
     return ScoredPool(
@@ -273,6 +310,7 @@ def score_pool(
         adapter_activity=activity,
         spilled=spill.loaded,
         homes=rings[0].memory if rings[0] is not None else _NO_HOMES,
+        buckets=table.memory if table is not None else _NO_BUCKETS,
         affinity=sticks.memory if sticks is not None else _STICKY,
     )
 
@@ -292,6 +330,17 @@ def _affinity(
     return affinity(pods.healthy, pods.fresh, memory, tuning)
 
 
+def _ring_base(
+    pods: Rotation, capacities: Mapping[str, float], settings: BalancingConfig, tuning: Tuning
+) -> dict[str, float]:
+    """Each pod's ring weight from capacity (any scale), cut on probation."""
+    return {
+        key: capacities[key] ** settings.scorers.capacity
+        * (tuning.probation_weight if key in pods.probation else 1.0)
+        for key in capacities
+    }
+
+
 def _ring_weights(
     pool: PoolConfig,
     pods: Rotation,
@@ -305,14 +354,11 @@ def _ring_weights(
 ) -> tuple[Homes | None, dict[str, int]]:
     """A session pool's key homes and ring weights: capacity, times each pod's home factor
     (scaled so that the largest factor is 1), times `probation_weight` on probation;
-    nothing for a pool without session affinity."""
+    nothing for a pool without session affinity. A pool that keeps its keys in buckets
+    has no home factors: its ring weights only spread new keys over the spares."""
     if not pool.session_affinity:
         return None, {}
-    base = {
-        key: capacities[key] ** settings.scorers.capacity
-        * (tuning.probation_weight if key in pods.probation else 1.0)
-        for key in capacities
-    }
+    base = _ring_base(pods, capacities, settings, tuning)
 
     def weights(factors: Mapping[str, float]) -> dict[str, int]:
         top = max((factors.get(key, 1.0) for key in base), default=1.0)
@@ -321,6 +367,8 @@ def _ring_weights(
             for key, share in base.items()
         }
 
+    if settings.keeps_buckets(pool):
+        return None, weights({})
     keys = None
     # With `spill_to: ring` the table is Envoy's largest (maglev.py): its keys are not placed.
     if session_keys and settings.spill_to == "pool":

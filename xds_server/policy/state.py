@@ -49,6 +49,10 @@ class EndpointState:
     spilling: bool = False
     # Why the Envoys' reports took the pod out of rotation ("stalled", "failing"), if so.
     verdict: str | None = None
+    # With `balancing.key_homes` "buckets": the key buckets pinned to the pod, and whether
+    # keys not seen yet go to it (policy/buckets.py; envoy/endpoints.py lists both).
+    key_buckets: tuple[int, ...] = ()
+    key_spare: bool = False
     # Why it has this state, in the order the rules ran (reasons.py). Not compared: a
     # state whose figures moved but whose weights did not is the same state for Envoy.
     reasons: tuple[Reason, ...] = field(default=(), compare=False)

@@ -61,6 +61,16 @@ _FAMILIES = {
         "Long prompts holding the pod: prefilling (access log), or in flight (load reports of"
         " Envoys that do not log); its weight is cut while they last.",
     ),
+    "buckets": (
+        "xds_pod_key_buckets",
+        "Key buckets pinned to the pod (pools with balancing.key_homes buckets): the buckets"
+        " of the keys it is home to.",
+    ),
+    "spare": (
+        "xds_pod_key_spare",
+        "1 while keys not seen yet go to the pod (pools with balancing.key_homes buckets:"
+        " its pinned keys' load at or under its share), else 0.",
+    ),
     "healthy": ("xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0."),
     "spilling": (
         "xds_pod_spilling",
@@ -119,7 +129,9 @@ class PodCollector(Collector):
             for key, (name, documentation) in _FAMILIES.items()
         }
         observations = self._pods.observations()
-        configured = _configured(self._decisions.config)
+        config = self._decisions.config
+        configured = _configured(config)
+        bucketed = {p.name for p in config.pools if config.bucket_homes(p)} if config else set()
         for pool in self._decisions.decision.pools.values():
             for endpoint in pool.endpoints:
                 pod_id = endpoint.id
@@ -137,6 +149,9 @@ class PodCollector(Collector):
                 first = endpoint.reasons[0].code if endpoint.reasons else "none"
                 families["state"].add_metric([*labels, endpoint.state, first], 1.0)
                 families["adapters"].add_metric(labels, len(endpoint.adapters))
+                if pool.name in bucketed:
+                    families["buckets"].add_metric(labels, len(endpoint.key_buckets))
+                    families["spare"].add_metric(labels, float(endpoint.key_spare))
                 if endpoint.verdict is not None:
                     families["verdict"].add_metric([*labels, endpoint.verdict], 1.0)
                 observation = observations.get(pod_id)

@@ -1,10 +1,12 @@
-"""c's pooled P99 TTFT, project against sticky_least_loaded, seeds 4-13, and how sure.
+"""c's pooled P95 / P99 TTFT, project against sticky_least_loaded, seeds 4-13, and how sure.
 
-Reads the kept runs' traces (requests after the 16 s warm-up): the project's from
-bounded-load's c-seeds-4-8-off and c-seeds-9-13-off, the router's from c-seeds-4-8-off
-(the run beside the project's) and c-seeds-9-13-factor-300. A paired bootstrap over the
-seeds resamples the ten seeds with replacement and takes both policies' pooled P99 over
-each resample, so a seed whose requests are slow for both counts for both.
+Reads the kept runs' traces (requests after the 16 s warm-up). With hash homes: the
+project's from bounded-load's c-seeds-4-8-off and c-seeds-9-13-off, the router's from
+c-seeds-4-8-off (the run beside the project's) and c-seeds-9-13-factor-300. With key
+buckets: both from this folder's c-seeds-4-8 and c-seeds-9-13 (the router beside the
+project in each). A paired bootstrap over the seeds resamples the ten seeds with
+replacement and takes both policies' pooled P99 over each resample, so a seed whose
+requests are slow for both counts for both.
 
     cd bench/results/bucket-homes && python p99_gap.py
 """
@@ -16,38 +18,50 @@ import random
 import statistics
 from pathlib import Path
 
-RUNS = Path(__file__).resolve().parent.parent / "bounded-load"
+HERE = Path(__file__).resolve().parent
+HASH = HERE.parent / "bounded-load"
 WARM_UP_S = 16.0
 RESAMPLES = 4000
 PROJECT, ROUTER = "project", "vllm_router_sticky_least_loaded"
 FIRST, SECOND = (4, 5, 6, 7, 8), (9, 10, 11, 12, 13)
 
 
-def ttfts(run: str, policy: str, seed: int) -> list[float]:
-    path = RUNS / run / "traces" / f"c-seed{seed}-{policy}-results.json"
+def ttfts(run: Path, policy: str, seed: int) -> list[float]:
+    path = run / "traces" / f"c-seed{seed}-{policy}-results.json"
     results = json.loads(path.read_text())["results"]
     return [r["ttft_s"] or 0.0 for r in results if r["scheduled_at_s"] >= WARM_UP_S]
 
 
-def p99(values: list[float]) -> float:
+def percentile(values: list[float], q: int) -> float:
     """Nearest rank, as the benchmark's pooled tables."""
     ordered = sorted(values)
-    return ordered[max(0, -(-99 * len(ordered) // 100) - 1)]
+    return ordered[max(0, -(-q * len(ordered) // 100) - 1)]
 
 
 def main() -> None:
-    project = {s: ttfts("c-seeds-4-8-off", PROJECT, s) for s in FIRST}
-    project |= {s: ttfts("c-seeds-9-13-off", PROJECT, s) for s in SECOND}
-    router = {s: ttfts("c-seeds-4-8-off", ROUTER, s) for s in FIRST}
-    router |= {s: ttfts("c-seeds-9-13-factor-300", ROUTER, s) for s in SECOND}
+    report(
+        "hash homes",
+        {s: HASH / "c-seeds-4-8-off" for s in FIRST}
+        | {s: HASH / "c-seeds-9-13-off" for s in SECOND},
+        {s: HASH / "c-seeds-4-8-off" for s in FIRST}
+        | {s: HASH / "c-seeds-9-13-factor-300" for s in SECOND},
+    )
+    buckets = {s: HERE / "c-seeds-4-8" for s in FIRST} | {s: HERE / "c-seeds-9-13" for s in SECOND}
+    report("key buckets", buckets, buckets)
+
+
+def report(label: str, project_runs: dict[int, Path], router_runs: dict[int, Path]) -> None:
+    project = {s: ttfts(run, PROJECT, s) for s, run in project_runs.items()}
+    router = {s: ttfts(run, ROUTER, s) for s, run in router_runs.items()}
     seeds = sorted(project)
 
-    def pooled(by_seed: dict[int, list[float]], pick: list[int]) -> float:
-        return p99([t for s in pick for t in by_seed[s]])
+    def pooled(by_seed: dict[int, list[float]], pick: list[int], q: int = 99) -> float:
+        return percentile([t for s in pick for t in by_seed[s]], q)
 
     print(
-        f"pooled P99 over seeds 4-13: project {1000 * pooled(project, seeds):.0f} ms,"
-        f" router {1000 * pooled(router, seeds):.0f} ms"
+        f"{label}, pooled P95 / P99 over seeds 4-13: project"
+        f" {1000 * pooled(project, seeds, 95):.0f} / {1000 * pooled(project, seeds):.0f} ms,"
+        f" router {1000 * pooled(router, seeds, 95):.0f} / {1000 * pooled(router, seeds):.0f} ms"
     )
     rng = random.Random(1)
     gaps = []
@@ -57,7 +71,7 @@ def main() -> None:
     gaps.sort()
     low, high = gaps[RESAMPLES // 20], gaps[RESAMPLES - RESAMPLES // 20]
     print(
-        f"project minus router, paired bootstrap over seeds: median"
+        f"  P99, project minus router, paired bootstrap over seeds: median"
         f" {1000 * statistics.median(gaps):+.0f} ms, 5th-95th percentile"
         f" {1000 * low:+.0f} to {1000 * high:+.0f} ms,"
         f" zero or less in {sum(g <= 0 for g in gaps) / RESAMPLES:.0%} of resamples"

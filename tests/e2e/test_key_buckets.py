@@ -1,0 +1,142 @@
+"""Key buckets (`balancing.key_homes: buckets`, policy/buckets.py) through a real Envoy.
+
+- Keys arriving one by one are homed at first sight on the pods with the fewest, and each
+  stays on its pod: no pod ends more than one key off another, and no key moves.
+- A pod that stops serving loses its keys to the others, with no request lost; once
+  there, each key stays where it landed.
+- A replica without Envoys of its own pins the keys its peer's Envoy logged where that
+  Envoy served them, and the peer follows its table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from pathlib import Path
+
+from tests.e2e.conftest import eventually
+from tests.e2e.session_pods import Pod, peered_leader, served, session_gateway
+from xds_server.app import XdsApplication
+from xds_server.maglev import key_hash
+
+BUCKETS = 64
+
+
+def _pinned(gateway: object, user: str) -> bool:
+    """Whether the server pinned the bucket of `user`'s key to a pod."""
+    pool = gateway.app.controller.decision.pools["gpu"]  # type: ignore[attr-defined]
+    bucket = key_hash(user) % BUCKETS
+    return any(bucket in e.key_buckets for e in pool.endpoints)
+
+
+async def test_keys_are_homed_at_first_sight_on_the_pods_with_fewest_and_stay(
+    tmp_path: Path,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
+        ]
+        gateway, http = await session_gateway(
+            stack, pods, tmp_path, key_homes="buckets", key_buckets=BUCKETS
+        )
+        users = []
+        for n in range(300):
+            user = f"user-{n}"
+            if any(key_hash(user) % BUCKETS == key_hash(u) % BUCKETS for u in users):
+                continue  # one key a bucket: each is placed on its own
+            users.append(user)
+            await served(http, gateway.url, user)
+            await eventually(lambda u=user: _pinned(gateway, u), within_s=20, what="a pin")
+            if len(users) == 30:
+                break
+        homes = {u: await served(http, gateway.url, u) for u in users}
+        per_pod = Counter(homes.values())
+        assert len(per_pod) == 3 and max(per_pod.values()) - min(per_pod.values()) <= 1, per_pod
+        assert {u: await served(http, gateway.url, u) for u in users} == homes
+        # The pods' gauges count the same pins.
+        pinned = {
+            sample.labels["endpoint"]: sample.value
+            for family in gateway.app.telemetry.registry.collect()
+            if family.name == "xds_pod_key_buckets"
+            for sample in family.samples
+        }
+        assert pinned == {f"127.0.0.1:{port}": n for port, n in per_pod.items()}
+
+
+async def test_a_pod_that_stops_serving_hands_its_keys_to_the_others(tmp_path: Path) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(2)
+        ]
+        stopped = contextlib.AsyncExitStack()
+        last = await stopped.enter_async_context(Pod(running=4, saved=2_000).serving())
+        gateway, http = await session_gateway(
+            stack, [*pods, last], tmp_path, key_homes="buckets", key_buckets=BUCKETS
+        )
+
+        users = [f"user-{n}" for n in range(40)]
+
+        async def homes() -> dict[str, int] | None:
+            """Where each key lives once every one is pinned and some are on the last pod."""
+            found = {u: await served(http, gateway.url, u) for u in users}
+            if not all(_pinned(gateway, u) for u in users) or last.port not in found.values():
+                return None
+            return (
+                found if found == {u: await served(http, gateway.url, u) for u in users} else None
+            )
+
+        before = await eventually(homes, within_s=30, what="keys on the last pod")
+        lost = [u for u, port in before.items() if port == last.port]
+        await stopped.aclose()
+
+        async def elsewhere() -> dict[str, int] | None:
+            """Where the lost keys go, asked twice alike; `served` fails the test on any
+            request not answered 200."""
+            now = {u: await served(http, gateway.url, u) for u in lost}
+            again = {u: await served(http, gateway.url, u) for u in lost}
+            return now if now == again and last.port not in now.values() else None
+
+        moved = await eventually(elsewhere, within_s=30, what="the lost keys on other pods")
+        assert set(moved.values()) <= {p.port for p in pods}
+        # The others' keys stayed.
+        kept = {u: await served(http, gateway.url, u) for u in before if u not in lost}
+        assert kept == {u: p for u, p in before.items() if u not in lost}
+
+
+def _table(app: XdsApplication) -> dict[int, int]:
+    """Each pinned bucket's pod (by port), as `app` pushes it."""
+    pool = app.controller.decision.pools["gpu"]
+    return {b: e.port for e in pool.endpoints for b in e.key_buckets}
+
+
+async def test_a_replica_pins_the_keys_its_peers_envoy_served_and_the_peer_follows(
+    tmp_path: Path,
+) -> None:
+    """Two peered replicas; only the first has an Envoy. The second ("other", whose name
+    sorts first) leads: it pins each key's bucket where its peer's Envoy served the key,
+    and the first pushes that table as its own."""
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
+        ]
+        gateway, http = await session_gateway(
+            stack, pods, tmp_path, key_homes="buckets", key_buckets=BUCKETS
+        )
+        other = await peered_leader(stack, gateway, tmp_path)
+        users = [f"user-{n}" for n in range(20)]
+
+        async def alike() -> dict[str, int] | None:
+            """Where each key is served, once both replicas push the same table, every
+            key's bucket in it, where the key is served."""
+            found = {u: await served(http, gateway.url, u) for u in users}
+            table = _table(other)
+            if table != _table(gateway.app):
+                return None
+            pinned = all(table.get(key_hash(u) % BUCKETS) == port for u, port in found.items())
+            return found if pinned else None
+
+        found = await eventually(alike, within_s=60, what="both replicas pinning alike")
+        assert len(set(found.values())) == 3, found
+        # The leader's own Envoys logged nothing: the keys and their pods came from its peer.
+        assert other.logged_keys.own() == {}
+        assert set(other.logged_keys()["gpu"]) == {key_hash(u) for u in users}

@@ -1,0 +1,159 @@
+"""Key buckets (policy/buckets.py): pinned where a key was served, never moved by another
+key, and new keys sent to the pods under their share."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+
+from xds_server.policy.buckets import BucketHomes, BucketMemory, bucket_homes
+
+PODS = ("a:1", "b:1", "c:1", "d:1")
+BUCKETS = 256
+NO_PINS = BucketMemory()
+
+
+def _key(bucket: int, n: int = 0) -> int:
+    """A key hash in `bucket`."""
+    return bucket + BUCKETS * (n + 1)
+
+
+def _homes(
+    keys: Mapping[int, float] | None,
+    served: Mapping[int, str] | None,
+    memory: BucketMemory = NO_PINS,
+    *,
+    healthy: Sequence[str] = PODS,
+    known: Set[str] = frozenset(PODS),
+    shares: Mapping[str, float] | None = None,
+    spilling: Set[str] = frozenset(),
+    prior: float = 0.0,
+) -> BucketHomes:
+    return bucket_homes(
+        known,
+        healthy,
+        shares if shares is not None else dict.fromkeys(known, 1.0),
+        keys,
+        served,
+        spilling,
+        memory,
+        buckets=BUCKETS,
+        key_prior=prior,
+    )
+
+
+def test_before_any_key_every_pod_takes_new_keys() -> None:
+    table = _homes(None, None)
+    assert table.spares == frozenset(PODS)
+    assert table.buckets == {}
+
+
+def test_a_bucket_is_pinned_where_its_key_was_served() -> None:
+    keys = {_key(3): 1.0, _key(7): 1.0}
+    table = _homes(keys, {_key(3): "c:1", _key(7): "a:1"})
+    assert table.buckets == {"c:1": (3,), "a:1": (7,)}
+    assert table.memory.pins == {3: "c:1", 7: "a:1"}
+    # Pods ahead of their share take no new key.
+    assert table.spares == frozenset({"b:1", "d:1"})
+
+
+def test_a_pin_stays_whatever_the_load_does() -> None:
+    """A heavy key's pod carries more than its share: its bucket stays, it just takes no
+    new key."""
+    memory = BucketMemory(pins={3: "c:1", 7: "a:1"})
+    keys = {_key(3): 50.0, _key(7): 1.0}
+    served = {_key(3): "d:1", _key(7): "a:1"}  # the heavy key's last request spilled to d
+    table = _homes(keys, served, memory)
+    assert table.memory.pins == {3: "c:1", 7: "a:1"}
+    assert "c:1" not in table.spares
+
+
+def test_a_pod_out_of_rotation_keeps_its_pins_unlisted_until_it_is_back() -> None:
+    """Its keys go to the spares meanwhile; a pod that leaves the pool loses its pins,
+    and its keys are pinned where a pod in rotation serves them next."""
+    memory = BucketMemory(pins={3: "c:1", 7: "a:1"})
+    keys = {_key(3): 4.0, _key(7): 4.0}
+    served = {_key(3): "b:1", _key(7): "a:1"}
+    healthy = ("a:1", "b:1", "d:1")
+    out = _homes(keys, served, memory, healthy=healthy)
+    assert out.memory.pins == {3: "c:1", 7: "a:1"}
+    assert out.buckets == {"a:1": (7,)}
+    back = _homes(keys, served, out.memory)
+    assert back.buckets == {"a:1": (7,), "c:1": (3,)}
+    gone = _homes(keys, served, memory, healthy=healthy, known=frozenset(healthy))
+    assert gone.memory.pins == {3: "b:1", 7: "a:1"}
+
+
+def test_a_key_served_by_no_pod_in_rotation_stays_unpinned() -> None:
+    """Seen only through the spill listener (no pod logged), or last served by a pod no
+    longer in rotation (a key an earlier fleet left): pinning it anywhere would move it.
+    Its next request goes to a spare, which it is then pinned to."""
+    table = _homes({_key(20): 1.0, _key(21): 1.0}, {_key(21): "gone:1"})
+    assert table.memory.pins == {}
+    assert table.spares == frozenset(PODS)
+
+
+def test_forgotten_keys_free_their_bucket() -> None:
+    memory = BucketMemory(pins={3: "c:1", 7: "a:1"})
+    table = _homes({_key(7): 1.0}, {}, memory)  # the key of bucket 3 was forgotten
+    assert table.memory.pins == {7: "a:1"}
+
+
+def test_keys_of_one_bucket_go_where_its_heaviest_served_in_rotation_went() -> None:
+    keys = {_key(5, 0): 1.0, _key(5, 1): 3.0, _key(5, 2): 9.0}
+    served = {_key(5, 0): "a:1", _key(5, 1): "b:1", _key(5, 2): "gone:1"}
+    assert _homes(keys, served).memory.pins == {5: "b:1"}
+
+
+def test_spares_follow_capacity_and_leave_spilling_pods_out() -> None:
+    """A pod with twice the capacity takes new keys until it carries twice as much; a pod
+    spilling takes none while another can."""
+    shares = {"a:1": 2.0, "b:1": 1.0, "c:1": 1.0}
+    pods = tuple(shares)
+    memory = BucketMemory(pins={1: "a:1", 2: "b:1", 3: "c:1"})
+    keys = {_key(1): 2.0, _key(2): 1.0, _key(3): 1.0}
+
+    def spares(spilling: Set[str]) -> frozenset[str]:
+        return _homes(
+            keys, {}, memory, healthy=pods, known=set(pods), shares=shares, spilling=spilling
+        ).spares
+
+    assert spares(frozenset()) == frozenset(pods)
+    assert spares({"a:1"}) == frozenset({"b:1", "c:1"})
+    assert spares(set(pods)) == frozenset(pods)
+
+
+def test_a_keys_first_counts_weigh_little_beside_the_prior() -> None:
+    """Two pods with two keys each, one's back four times already. Counted alone, that
+    pod takes no new key even once the other holds one more; with the prior (three mean
+    keys each) the key more makes the first pod the spare again."""
+    pods = ("a:1", "b:1")
+    keys = {_key(n): 4.0 if n < 2 else 1.0 for n in range(4)}
+    served = {_key(n): "a:1" if n < 2 else "b:1" for n in range(4)}
+    more, served_more = keys | {_key(4): 1.0}, served | {_key(4): "b:1"}
+
+    def spares(keys: Mapping[int, float], served: Mapping[int, str], prior: float) -> set[str]:
+        table = _homes(keys, served, healthy=pods, known=set(pods), prior=prior)
+        return set(table.spares)
+
+    assert spares(keys, served, 0.0) == {"b:1"}
+    assert spares(more, served_more, 0.0) == {"b:1"}
+    assert spares(more, served_more, 3.0) == {"a:1"}
+
+
+def test_thirty_two_keys_arriving_one_by_one_are_even_and_never_move() -> None:
+    """c's shape, each key pinned where it landed among the spares of the moment (the
+    first spare by id stands in for Maglev among them): no pin ever changes, and no pod
+    ends more than one key off another."""
+    memory = BucketMemory()
+    keys: dict[int, float] = {}
+    served: dict[int, str] = {}
+    spares = frozenset(PODS)
+    for n in range(32):
+        hashed = _key(n * 7 % BUCKETS)
+        keys[hashed] = 1.0
+        served[hashed] = sorted(spares)[n % len(spares)]
+        table = _homes(keys, served, memory)
+        assert all(table.memory.pins[b] == pod for b, pod in memory.pins.items())
+        memory, spares = table.memory, table.spares
+    held = [len(table.buckets.get(pod, ())) for pod in PODS]
+    assert max(held) - min(held) <= 1, held

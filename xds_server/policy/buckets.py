@@ -1,0 +1,154 @@
+"""Key homes as a table of buckets (`balancing.key_homes` "buckets"): a key homed at first sight.
+
+Placing keys through the session cluster's Maglev ring weights (homes.py) moves slots of a
+hash, never one key: a key is placed only after it has been seen, and each step that evens
+the pods moves some keys seen once or twice, each a prefix miss on its next request. On
+scenario c that left the project's pooled P99 at 430 ms against 214 for vllm-router's
+sticky_least_loaded, which homes a key at its first request
+(bench/results/bucket-homes/NOTES.md).
+
+With buckets, Envoy reads a table the server writes. Each keyed request carries its
+bucket, `xxHash64(key) % key_buckets` (envoy/_key_buckets.py); a bucket pinned to a pod
+goes there, and a bucket pinned nowhere goes to the spares, the pods new keys go to
+(Maglev on the key among them). Here:
+
+- A bucket with a logged key and no pin is pinned to the pod in rotation its heaviest key
+  was last served by (the Envoys log it, xds/session_keys.py): where its first request
+  left the prefix. A key logged only through the spill listener, or only by a peer's
+  Envoys, or last served by a pod now out, stays unpinned until a pod in rotation serves
+  it: pinning it anywhere else would move it (on the benchmark, keys a fleet's earlier
+  run had left went, all 32, to the one pod in rotation at the next run's first
+  decision, for good).
+- A pin stays while its pod is in the pool and the bucket has a logged key: no other
+  key's arrival moves it. While its pod is out of rotation the bucket is not listed, so
+  its keys go to the spares (as Maglev sends them to the other pods), and they come back
+  with the pod. A pod that leaves the pool loses its pins.
+- The spares are the pods whose pinned keys' load is at or under their share of the
+  ring's capacity, those spilling aside (unless all are): a pod ahead of its share takes
+  no new key, as a router sends a key's first request to the least loaded pod. Before
+  any key, every pod is a spare. A key's load is its recent requests plus
+  `home_key_prior` times the mean key's, as in homes.py: in a key's first seconds its
+  count is noise (on scenario c without it, one pod whose first four keys came back
+  soonest took no new key for 13 s and ended with 5 of 32), while a key many times as
+  busy as the others still weighs as several.
+
+Pure: the memory of the last call comes in, the next goes out; no clock, no I/O. The work
+is one pass over the pool's logged keys (at most `max_keys`, xds/session_keys.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, field
+
+__all__ = ["BucketHomes", "BucketMemory", "FollowedBuckets", "bucket_homes", "followed_buckets"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketMemory:
+    """The buckets pinned, by bucket: the endpoint id of its pod."""
+
+    pins: Mapping[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BucketHomes:
+    memory: BucketMemory
+    # Each pod's pinned buckets (pods with none absent), and the pods new keys go to.
+    buckets: Mapping[str, tuple[int, ...]]
+    spares: frozenset[str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FollowedBuckets:
+    """Another replica's table (peering/links.py): each pod's pinned buckets, and the pods
+    its new keys go to."""
+
+    buckets: Mapping[str, tuple[int, ...]]
+    spares: frozenset[str]
+
+
+def followed_buckets(
+    known: Set[str], healthy: Sequence[str], followed: FollowedBuckets
+) -> BucketHomes:
+    """The table of the replica this one follows, taken as it is (its pods in this pool
+    only), so that every replica's Envoys send a key to the same pod; the spares, those
+    of its spares in rotation here, else every pod in rotation."""
+    in_rotation = set(healthy)
+    pins = {b: pod for pod, held in followed.buckets.items() if pod in known for b in held}
+    spares = followed.spares & in_rotation
+    return BucketHomes(
+        memory=BucketMemory(pins=pins),
+        buckets={p: held for p, held in followed.buckets.items() if p in in_rotation},
+        spares=frozenset(spares or in_rotation),
+    )
+
+
+def bucket_homes(
+    known: Set[str],
+    healthy: Sequence[str],
+    capacity_shares: Mapping[str, float],
+    keys: Mapping[int, float] | None,
+    served_by: Mapping[int, str] | None,
+    spilling: Set[str],
+    memory: BucketMemory,
+    *,
+    buckets: int,
+    key_prior: float,
+) -> BucketHomes:
+    """The pool's pinned buckets and spares after this decision.
+
+    `known`: the pool's pods (endpoint ids); `healthy`: those in rotation;
+    `capacity_shares`: each pod's ring weight from capacity (any scale); `keys`: each
+    logged key hash's recent requests; `served_by`: the pod each key was last served by,
+    where the Envoys said (endpoint ids);
+    `spilling`: the pods spilling their keys now; `buckets`: `balancing.key_buckets`;
+    `key_prior`: `Tuning.home_key_prior`.
+    """
+    present = sorted(k for k in healthy if capacity_shares.get(k, 0.0) > 0)
+    in_rotation = set(present)
+    where = served_by or {}
+    load: dict[int, float] = {}
+    # Per bucket, its heaviest key served by a pod in rotation: (count, hash, pod).
+    heaviest: dict[int, tuple[float, int, str]] = {}
+    counts = keys or {}
+    prior = key_prior * sum(counts.values()) / len(counts) if counts else 0.0
+    for hashed, count in counts.items():
+        bucket = hashed % buckets
+        load[bucket] = load.get(bucket, 0.0) + count + prior
+        pod = where.get(hashed)
+        if pod in in_rotation:
+            seen = (count, hashed, pod)
+            heaviest[bucket] = max(heaviest.get(bucket, seen), seen)
+    pins = {b: pod for b, pod in memory.pins.items() if pod in known and b in load}
+    for bucket in sorted(heaviest.keys() - pins.keys()):
+        pins[bucket] = heaviest[bucket][2]
+    carried = dict.fromkeys(present, 0.0)
+    by_pod: dict[str, list[int]] = {}
+    for bucket, pod in sorted(pins.items()):
+        if pod in in_rotation:
+            carried[pod] += load[bucket]
+            by_pod.setdefault(pod, []).append(bucket)
+    return BucketHomes(
+        memory=BucketMemory(pins=pins),
+        buckets={pod: tuple(held) for pod, held in by_pod.items()},
+        spares=frozenset(_spares(present, capacity_shares, carried, spilling)),
+    )
+
+
+def _spares(
+    present: Sequence[str],
+    capacity_shares: Mapping[str, float],
+    carried: Mapping[str, float],
+    spilling: Set[str],
+) -> list[str]:
+    """The pods at or under their capacity share of the pinned keys' load, the spilling
+    ones aside unless every such pod spills; every pod before any key (none when none
+    is in rotation)."""
+    total = sum(carried.values())
+    capacity = sum(capacity_shares[k] for k in present)
+    under = [
+        k for k in present if total <= 0 or carried[k] / total <= capacity_shares[k] / capacity
+    ]
+    calm = [k for k in under if k not in spilling]
+    return calm or under
