@@ -10,7 +10,7 @@ sticky_least_loaded, which homes a key at its first request
 With buckets, Envoy reads a table the server writes. Each keyed request carries its
 bucket, `xxHash64(key) % key_buckets` (envoy/_key_buckets.py); a bucket pinned to a pod
 goes there, and a bucket pinned nowhere goes to the spares, the pods new keys go to
-(Maglev on the key among them). Here:
+(the one with the fewest requests in flight: envoy/clusters.py). Here:
 
 - A bucket with a logged key and no pin is pinned to the pod in rotation its heaviest key
   was last served by (the Envoys log it, xds/session_keys.py): where its first request
