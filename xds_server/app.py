@@ -173,6 +173,7 @@ class LoggedKeyCounts:
             }
             self._report = SessionKeysReport(
                 factors=factors,
+                # Only where keys live in buckets: hash homes place by hash alone.
                 served_by={
                     pool: {
                         h: self._own_served_by[pool][h]
@@ -180,6 +181,7 @@ class LoggedKeyCounts:
                         if h in self._own_served_by.get(pool, {})
                     }
                     for pool, keys in reported.items()
+                    if pool in buckets
                 },
                 buckets=buckets,
                 spares=spares,

@@ -248,3 +248,29 @@ def test_peers_keys_are_added_to_the_own_and_the_own_alone_is_reported() -> None
     keys.logged(entry("bob"))
     assert key_hash("bob") in counts()["p"]
     assert {h for h, _ in counts.report().pools["p"]} == {key_hash("alice"), key_hash("bob")}
+
+
+def test_where_keys_were_served_the_own_envoys_first_and_reported_for_bucketed_pools() -> None:
+    """LoggedKeyCounts.served_by: the pod each key was last served by, the own Envoys'
+    word over the peers'; peers are sent the own only, and only for the pools that keep
+    key buckets (the controller's table names them)."""
+    clock = Clock()
+    keys = store(clock)
+    peer_said = {"p": {key_hash("alice"): "10.0.0.9:8000", 7: "x:1"}}
+    peers: list[dict[str, dict[int, str]]] = [peer_said]
+    tables: list[tuple[dict[str, dict[str, tuple[int, ...]]], dict[str, tuple[str, ...]]]] = [
+        ({}, {})
+    ]
+    counts = LoggedKeyCounts(
+        keys, clock=clock, peers_served_by=lambda: peers[0], buckets=lambda: tables[0]
+    )
+    keys.logged(entry("alice", port=8001))
+    keys.logged(entry("bob", port=None))  # only through the spill listener: no pod
+    served = counts.served_by()
+    assert served == {"p": {key_hash("alice"): "10.0.0.1:8001", 7: "x:1"}}
+    assert counts.served_by() is served, "the same object while neither part changed"
+    assert counts.report().served_by == {}, "no pool keeps buckets"
+    tables[0] = ({"p": {}}, {"p": ("10.0.0.1:8001",)})
+    report = counts.report()
+    assert report.served_by == {"p": {key_hash("alice"): "10.0.0.1:8001"}}
+    assert report.spares == {"p": ("10.0.0.1:8001",)}
