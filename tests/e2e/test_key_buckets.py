@@ -1,6 +1,6 @@
 """Key buckets (`balancing.key_homes: buckets`, policy/buckets.py) through a real Envoy.
 
-- Keys arriving one by one are homed at first sight on the pods with the fewest, and each
+- Keys arriving one by one (18) are homed at first sight on the pods with the fewest, and each
   stays on its pod: no pod ends more than one key off another, and no key moves.
 - A pod that stops serving loses its keys to the others, with no request lost; once
   there, each key stays where it landed.
@@ -47,7 +47,7 @@ async def test_keys_are_homed_at_first_sight_on_the_pods_with_fewest_and_stay(
             users.append(user)
             await served(http, gateway.url, user)
             await eventually(lambda u=user: _pinned(gateway, u), within_s=20, what="a pin")
-            if len(users) == 30:
+            if len(users) == 18:
                 break
         homes = {u: await served(http, gateway.url, u) for u in users}
         per_pod = Counter(homes.values())
