@@ -257,7 +257,8 @@ def build_session_cluster(config: RoutingConfig, pool: PoolConfig) -> _Any:
     maglev.py). It hashes each endpoint's hostname, its name (endpoints.py), not its
     address. With `spill_to: pool` (the pod stays in the table) its table size is
     maglev.table_size's for the pool: the server builds the same table to know where each
-    key goes (homes.py)."""
+    key goes (homes.py). A pool that keeps its keys in buckets (config.bucket_homes) gets
+    `_key_bucket_subsets` instead."""
     spills_by_leaving = config.balancing.spill_to == "ring"
     size = RING_SPILL_TABLE_SIZE if spills_by_leaving else table_size(len(pool.endpoints))
     maglev = extension_pb2.TypedExtensionConfig(
