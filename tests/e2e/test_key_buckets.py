@@ -18,13 +18,14 @@ from tests.e2e.conftest import eventually
 from tests.e2e.session_pods import Pod, peered_leader, served, session_gateway
 from xds_server.app import XdsApplication
 from xds_server.maglev import key_hash
+from xds_testbed.gateway import LocalGateway
 
 BUCKETS = 64
 
 
-def _pinned(gateway: object, user: str) -> bool:
+def _pinned(gateway: LocalGateway, user: str) -> bool:
     """Whether the server pinned the bucket of `user`'s key to a pod."""
-    pool = gateway.app.controller.decision.pools["gpu"]  # type: ignore[attr-defined]
+    pool = gateway.app.controller.decision.pools["gpu"]
     bucket = key_hash(user) % BUCKETS
     return any(bucket in e.key_buckets for e in pool.endpoints)
 
