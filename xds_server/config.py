@@ -619,10 +619,11 @@ class BalancingConfig(_Strict):
 
     def keeps_buckets(self, pool: PoolConfig) -> bool:
         """Whether `pool`'s session keys live in a table of key buckets (`key_homes`
-        "buckets"): a pool with session affinity, `spill_to: pool`, no LoRA adapters and no
-        remotes."""
+        "buckets"): a GPU-aware pool (the policy keeps the table) with session affinity,
+        `spill_to: pool`, no LoRA adapters and no remotes."""
         return (
             pool.session_affinity
+            and pool.weights_from_metrics
             and self.spill_to == "pool"
             and self.key_homes == "buckets"
             and not pool.adapters

@@ -297,6 +297,17 @@ class Tuning(BaseModel):
         evidence="design: a key's decayed count (about 17 requests at c's rate) is off by a"
         " quarter by chance",
     )
+    key_offer_points: int = _knob(
+        1024,
+        ge=1,
+        le=65_536,
+        unit="points on the ring of the spares",
+        meaning="The buckets no pod holds are offered to the spares by a ring of this many"
+        " points in all (at least one a spare): a new key's requests all reach one pod before"
+        " its bucket is pinned, and a spare that comes or goes moves only its own arcs.",
+        evidence="design: 256 points a pod among four keep each pod's share of the offered"
+        " buckets within about 6%",
+    )
     home_step_span: float = _knob(
         3.0,
         ge=1.0,

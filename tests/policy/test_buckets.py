@@ -1,15 +1,24 @@
 """Key buckets (policy/buckets.py): pinned where a key was served, never moved by another
-key, and new keys sent to the pods under their share."""
+key, new keys sent to the pods under their share, and each bucket no pod holds offered to
+one of them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 
-from xds_server.policy.buckets import BucketHomes, BucketMemory, bucket_homes
+from xds_server.policy.buckets import (
+    BucketHomes,
+    BucketMemory,
+    FollowedBuckets,
+    bucket_homes,
+    followed_buckets,
+)
+from xds_server.tuning import Tuning
 
 PODS = ("a:1", "b:1", "c:1", "d:1")
 BUCKETS = 256
 NO_PINS = BucketMemory()
+POINTS = Tuning().key_offer_points
 
 
 def _key(bucket: int, n: int = 0) -> int:
@@ -38,13 +47,63 @@ def _homes(
         memory,
         buckets=BUCKETS,
         key_prior=prior,
+        offer_points=POINTS,
     )
+
+
+def _offered(table: BucketHomes) -> dict[int, str]:
+    """Each offered bucket's spare."""
+    return {b: pod for pod, held in table.offers.items() for b in held}
 
 
 def test_before_any_key_every_pod_takes_new_keys() -> None:
     table = _homes(None, None)
     assert table.spares == frozenset(PODS)
     assert table.buckets == {}
+    # Each bucket offered to one pod, about a quarter each.
+    offered = _offered(table)
+    assert sorted(offered) == list(range(BUCKETS))
+    shares = [len(table.offers[pod]) / BUCKETS for pod in PODS]
+    assert all(abs(share - 0.25) <= 0.25 * 0.3 for share in shares), shares
+
+
+def test_buckets_no_pod_holds_are_offered_to_the_spares_only() -> None:
+    """Pinned buckets are not offered; the others go to the spares, none to a pod ahead
+    of its share; a pod's pins out of rotation are offered meanwhile."""
+    memory = BucketMemory(pins={3: "c:1", 7: "a:1", 9: "b:1"})
+    keys = {_key(3): 4.0, _key(7): 4.0, _key(9): 4.0}
+    table = _homes(keys, {}, memory, healthy=("a:1", "b:1", "d:1"))
+    offered = _offered(table)
+    assert set(offered) == set(range(BUCKETS)) - {7, 9}
+    assert set(offered.values()) == table.spares == {"d:1"}
+
+
+def test_a_spare_that_goes_moves_only_its_own_offers() -> None:
+    """The ring depends on the spares alone: when one leaves (it took a key), the other
+    spares keep every bucket they were offered, and its buckets spread over them."""
+    before = _offered(_homes(None, None))
+    keys = {_key(5): 1.0}
+    after_table = _homes(keys, {_key(5): before[5]})
+    after = _offered(after_table)
+    gone = before[5]
+    assert gone not in after_table.spares and 5 not in after
+    assert all(after[b] == pod for b, pod in before.items() if pod != gone)
+    assert len({after[b] for b, pod in before.items() if pod == gone and b != 5}) > 1
+
+
+def test_a_follower_offers_what_its_leader_offers() -> None:
+    memory = BucketMemory(pins={3: "c:1", 7: "a:1"})
+    keys = {_key(3): 4.0, _key(7): 4.0}
+    leader = _homes(keys, {}, memory)
+    followed = followed_buckets(
+        frozenset(PODS),
+        PODS,
+        FollowedBuckets(buckets=leader.buckets, spares=leader.spares),
+        buckets=BUCKETS,
+        offer_points=POINTS,
+    )
+    assert followed.offers == leader.offers
+    assert followed.buckets == leader.buckets
 
 
 def test_a_bucket_is_pinned_where_its_key_was_served() -> None:
@@ -141,19 +200,20 @@ def test_a_keys_first_counts_weigh_little_beside_the_prior() -> None:
 
 
 def test_thirty_two_keys_arriving_one_by_one_are_even_and_never_move() -> None:
-    """c's shape, each key pinned where it landed among the spares of the moment (the
-    first spare by id stands in for Maglev among them): no pin ever changes, and no pod
-    ends more than one key off another."""
+    """c's shape, each key served by the spare its bucket is offered to, then pinned
+    there: no pin ever changes, and no pod ends more than one key off another."""
     memory = BucketMemory()
     keys: dict[int, float] = {}
     served: dict[int, str] = {}
-    spares = frozenset(PODS)
+    table = _homes(None, None)
     for n in range(32):
-        hashed = _key(n * 7 % BUCKETS)
+        bucket = n * 7 % BUCKETS
+        hashed = _key(bucket)
         keys[hashed] = 1.0
-        served[hashed] = sorted(spares)[n % len(spares)]
+        served[hashed] = _offered(table)[bucket]
         table = _homes(keys, served, memory)
         assert all(table.memory.pins[b] == pod for b, pod in memory.pins.items())
-        memory, spares = table.memory, table.spares
+        assert table.memory.pins[bucket] == served[hashed]
+        memory = table.memory
     held = [len(table.buckets.get(pod, ())) for pod in PODS]
     assert max(held) - min(held) <= 1, held

@@ -39,7 +39,8 @@ there; any other pool takes them from the config, as written. Per endpoint:
   endpoints, so a draining or stale holder must leave its subsets.
 - metadata `envoy.lb: {key_bucket: [...], key_spare: true}` in the session assignment of a
   pool that keeps its keys in buckets (`balancing.key_homes` "buckets"): the buckets
-  pinned to the pod and whether new keys go to it (policy/buckets.py), on HEALTHY
+  pinned to the pod or offered to it, and whether the keys of a bucket listed nowhere go
+  to it (policy/buckets.py), on HEALTHY
   endpoints only, as the adapters; before any decision every pod takes new keys. Its
   priority 1 holds, for each such pod, a stand-in at the pool's spill listener with the
   same lists (`_add_bucket_fallbacks`).
@@ -190,7 +191,7 @@ def _add_bucket_fallbacks(
     listener = names.spill_listener_name(pool.name)
     for endpoint in endpoints:
         if endpoint.health is not Health.HEALTHY or not (
-            endpoint.key_buckets or endpoint.key_spare
+            endpoint.listed_buckets or endpoint.key_spare
         ):
             continue
         name = endpoint.ring_key + names.KEY_FALLBACK_SUFFIX
@@ -209,7 +210,7 @@ def _add_bucket_fallbacks(
             health_status=health_check_pb2.HEALTHY,
         )
         lb_endpoint.metadata.filter_metadata[names.LB_METADATA_NAMESPACE].CopyFrom(
-            _bucket_metadata(endpoint.key_buckets, spare=endpoint.key_spare)
+            _bucket_metadata(endpoint.listed_buckets, spare=endpoint.key_spare)
         )
         fallbacks.lb_endpoints.append(lb_endpoint)
     if fallbacks.lb_endpoints:
@@ -323,7 +324,7 @@ def _from_state(
             pool,
             adapters,
             endpoint.hardware,
-            buckets=endpoint.key_buckets if buckets and healthy else None,
+            buckets=endpoint.listed_buckets if buckets and healthy else None,
             spare=buckets and healthy and endpoint.key_spare,
         ),
     )
@@ -373,8 +374,9 @@ def _metadata(
 
 
 def _bucket_metadata(buckets: tuple[int, ...], *, spare: bool) -> _Any:
-    """`envoy.lb` of a bucketed session entry: the buckets pinned to it, as strings (the
-    listener writes a request's bucket as one), and KEY_SPARE_KEY when new keys go to it."""
+    """`envoy.lb` of a bucketed session entry: the buckets whose keys go to it, as strings
+    (the listener writes a request's bucket as one), and KEY_SPARE_KEY when the keys of a
+    bucket listed nowhere go to it."""
     lb = struct_pb2.Struct()
     lb.get_or_create_list(names.KEY_BUCKET_KEY).extend([str(b) for b in sorted(buckets)])
     if spare:

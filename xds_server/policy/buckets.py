@@ -26,7 +26,14 @@ goes there, and a bucket pinned nowhere goes to the spares, the pods new keys go
 - The spares are the pods whose pinned keys' load is at or under their share of the
   ring's capacity, those spilling aside (unless all are): a pod ahead of its share takes
   no new key, as a router sends a key's first request to the least loaded pod. Before
-  any key, every pod is a spare. A key's load is its recent requests plus
+  any key, every pod is a spare.
+- Every bucket not pinned to a pod in rotation is offered to one spare, by a ring of the
+  spares (`Tuning.key_offer_points` points): a new key's requests all reach one pod
+  before its first log pins the bucket there, where balancing each request over the
+  spares would spread a burst of a new key, and its prefix, over all of them. The ring
+  depends on the spares only, so every replica offers alike, and a spare that comes or
+  goes moves only the buckets of its arcs. A bucket listed nowhere (between pushes)
+  still goes to the spares (`key_spare`). A key's load is its recent requests plus
   `home_key_prior` times the mean key's, as in homes.py: in a key's first seconds its
   count is noise (on scenario c without it, one pod whose first four keys came back
   soonest took no new key for 13 s and ended with 5 of 32), while a key many times as
@@ -38,8 +45,12 @@ is one pass over the pool's logged keys (at most `max_keys`, xds/session_keys.py
 
 from __future__ import annotations
 
+from bisect import bisect
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+from xds_server.maglev import key_hash
 
 __all__ = ["BucketHomes", "BucketMemory", "FollowedBuckets", "bucket_homes", "followed_buckets"]
 
@@ -54,8 +65,10 @@ class BucketMemory:
 @dataclass(frozen=True, kw_only=True)
 class BucketHomes:
     memory: BucketMemory
-    # Each pod's pinned buckets (pods with none absent), and the pods new keys go to.
+    # Each pod's pinned buckets (pods with none absent), each spare's offered buckets (the
+    # others), and the pods new keys go to.
     buckets: Mapping[str, tuple[int, ...]]
+    offers: Mapping[str, tuple[int, ...]]
     spares: frozenset[str]
 
 
@@ -69,18 +82,26 @@ class FollowedBuckets:
 
 
 def followed_buckets(
-    known: Set[str], healthy: Sequence[str], followed: FollowedBuckets
+    known: Set[str],
+    healthy: Sequence[str],
+    followed: FollowedBuckets,
+    *,
+    buckets: int,
+    offer_points: int,
 ) -> BucketHomes:
     """The table of the replica this one follows, taken as it is (its pods in this pool
     only), so that every replica's Envoys send a key to the same pod; the spares, those
-    of its spares in rotation here, else every pod in rotation."""
+    of its spares in rotation here, else every pod in rotation; the offers, as that
+    replica makes them from the same spares."""
     in_rotation = set(healthy)
     pins = {b: pod for pod, held in followed.buckets.items() if pod in known for b in held}
-    spares = followed.spares & in_rotation
+    spares = followed.spares & in_rotation or frozenset(in_rotation)
+    listed = {p: held for p, held in followed.buckets.items() if p in in_rotation}
     return BucketHomes(
         memory=BucketMemory(pins=pins),
-        buckets={p: held for p, held in followed.buckets.items() if p in in_rotation},
-        spares=frozenset(spares or in_rotation),
+        buckets=listed,
+        offers=_offers(listed, spares, len(in_rotation), buckets=buckets, points=offer_points),
+        spares=frozenset(spares),
     )
 
 
@@ -95,15 +116,16 @@ def bucket_homes(
     *,
     buckets: int,
     key_prior: float,
+    offer_points: int,
 ) -> BucketHomes:
-    """The pool's pinned buckets and spares after this decision.
+    """The pool's pinned buckets, offers and spares after this decision.
 
     `known`: the pool's pods (endpoint ids); `healthy`: those in rotation;
     `capacity_shares`: each pod's ring weight from capacity (any scale); `keys`: each
     logged key hash's recent requests; `served_by`: the pod each key was last served by,
     where the Envoys said (endpoint ids);
     `spilling`: the pods spilling their keys now; `buckets`: `balancing.key_buckets`;
-    `key_prior`: `Tuning.home_key_prior`.
+    `key_prior`: `Tuning.home_key_prior`; `offer_points`: `Tuning.key_offer_points`.
     """
     present = sorted(k for k in healthy if capacity_shares.get(k, 0.0) > 0)
     in_rotation = set(present)
@@ -129,11 +151,51 @@ def bucket_homes(
         if pod in in_rotation:
             carried[pod] += load[bucket]
             by_pod.setdefault(pod, []).append(bucket)
+    listed = {pod: tuple(held) for pod, held in by_pod.items()}
+    spares = frozenset(_spares(present, capacity_shares, carried, spilling))
     return BucketHomes(
         memory=BucketMemory(pins=pins),
-        buckets={pod: tuple(held) for pod, held in by_pod.items()},
-        spares=frozenset(_spares(present, capacity_shares, carried, spilling)),
+        buckets=listed,
+        offers=_offers(listed, spares, len(present), buckets=buckets, points=offer_points),
+        spares=spares,
     )
+
+
+def _offers(
+    listed: Mapping[str, tuple[int, ...]],
+    spares: Set[str],
+    in_rotation: int,
+    *,
+    buckets: int,
+    points: int,
+) -> dict[str, tuple[int, ...]]:
+    """Each spare's share of the buckets no pod in rotation holds: the spare whose point
+    on the ring follows the bucket's. Each spare has `points` shared by the `in_rotation`
+    pods (at least one), so a spare that comes or goes moves only its own arcs."""
+    if not spares:
+        return {}
+    held = {b for pinned in listed.values() for b in pinned}
+    each = max(1, points // max(1, in_rotation))
+    positions, owners = _spare_ring(tuple(sorted(spares)), each)
+    offered: dict[str, list[int]] = {}
+    for bucket, position in enumerate(_bucket_positions(buckets)):
+        if bucket not in held:
+            at = bisect(positions, position) % len(positions)
+            offered.setdefault(owners[at], []).append(bucket)
+    return {pod: tuple(bs) for pod, bs in offered.items()}
+
+
+@lru_cache
+def _spare_ring(spares: tuple[str, ...], each: int) -> tuple[list[int], list[str]]:
+    """The ring of `spares`, `each` points a spare, sorted; and each point's pod."""
+    ring = sorted((key_hash(f"{pod}#{i}"), pod) for pod in spares for i in range(each))
+    return [at for at, _ in ring], [pod for _, pod in ring]
+
+
+@lru_cache
+def _bucket_positions(buckets: int) -> tuple[int, ...]:
+    """Each bucket's point on the rings of spares."""
+    return tuple(key_hash(f"key-bucket-{bucket}") for bucket in range(buckets))
 
 
 def _spares(

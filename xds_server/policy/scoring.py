@@ -183,6 +183,7 @@ def _endpoint_state(
         verdict=pods.verdicts.get(key),
         reasons=reasons,
         key_buckets=table.buckets.get(key, ()) if table is not None else (),
+        key_offers=table.offers.get(key, ()) if table is not None else (),
         key_spare=table is not None and key in table.spares,
     )
 
@@ -263,7 +264,13 @@ def score_pool(
     table = None
     known = {endpoint_id(e) for e in pool.endpoints}
     if settings.keeps_buckets(pool) and followed_table is not None:
-        table = followed_buckets(known, pods.healthy, followed_table)
+        table = followed_buckets(
+            known,
+            pods.healthy,
+            followed_table,
+            buckets=settings.key_buckets,
+            offer_points=tuning.key_offer_points,
+        )
     elif settings.keeps_buckets(pool):
         table = bucket_homes(
             known,
@@ -275,6 +282,7 @@ def score_pool(
             buckets,
             buckets=settings.key_buckets,
             key_prior=tuning.home_key_prior,
+            offer_points=tuning.key_offer_points,
         )
     sticks = _affinity(pool, pods, keys, settings, tuning)
     suspended = sticks.reason if sticks is not None else None

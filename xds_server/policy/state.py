@@ -49,13 +49,20 @@ class EndpointState:
     spilling: bool = False
     # Why the Envoys' reports took the pod out of rotation ("stalled", "failing"), if so.
     verdict: str | None = None
-    # With `balancing.key_homes` "buckets": the key buckets pinned to the pod, and whether
-    # keys not seen yet go to it (policy/buckets.py; envoy/endpoints.py lists both).
+    # With `balancing.key_homes` "buckets": the key buckets pinned to the pod, those no pod
+    # holds that it is offered (a spare's arcs), and whether keys of a bucket listed
+    # nowhere go to it (policy/buckets.py; envoy/endpoints.py lists all three).
     key_buckets: tuple[int, ...] = ()
+    key_offers: tuple[int, ...] = ()
     key_spare: bool = False
     # Why it has this state, in the order the rules ran (reasons.py). Not compared: a
     # state whose figures moved but whose weights did not is the same state for Envoy.
     reasons: tuple[Reason, ...] = field(default=(), compare=False)
+
+    @property
+    def listed_buckets(self) -> tuple[int, ...]:
+        """The key buckets whose keys go to the pod: pinned and offered."""
+        return tuple(sorted(self.key_buckets + self.key_offers))
 
     @property
     def id(self) -> str:
