@@ -577,14 +577,14 @@ class BalancingConfig(_Strict):
     # `xds-server bootstrap` does); "ring" hands each key to the next pod of its Maglev
     # permutation, which may be another loaded pod, while an idle one waits.
     spill_to: Literal["pool", "ring"] = "pool"
-    # Where a session key lives: "hash" places keys by the session cluster's Maglev ring
-    # weights (policy/homes.py); "buckets" keeps a table of key buckets that Envoy reads
-    # (`xxHash64(key) % key_buckets`, each pinned to the pod that took its first key; new
-    # keys go to the pods under their share: policy/buckets.py), so that a key is homed
-    # at first sight and never moved by another key's placement. Only in pools with
-    # session affinity, `spill_to: pool`, no LoRA adapters and no remotes; others keep
-    # "hash" (docs/routing.md).
-    key_homes: Literal["hash", "buckets"] = "hash"
+    # Where a session key lives: "buckets" keeps a table of key buckets that Envoy reads
+    # (`xxHash64(key) % key_buckets`, each pinned to the pod that took its first key; the
+    # others offered to the pods under their share: policy/buckets.py), so that a key is
+    # homed at first sight and never moved by another key's placement; "hash" places keys
+    # by the session cluster's Maglev ring weights (policy/homes.py). Buckets only in
+    # GPU-aware pools with session affinity, `spill_to: pool`, no LoRA adapters and no
+    # remotes; others keep "hash" (docs/routing.md).
+    key_homes: Literal["hash", "buckets"] = "buckets"
     key_buckets: Annotated[int, Field(ge=2, le=1024)] = 256
     # How much Envoy's own in-flight count corrects the weights in GPU-aware pools: above 0,
     # Envoy's least request picks by weight / (active + 1)^bias when weights differ

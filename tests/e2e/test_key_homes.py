@@ -1,5 +1,8 @@
 """Key homes and whether affinity pays, through a real Envoy (policy/homes.py, affinity.py).
 
+The first three are hash homes' (`balancing.key_homes: hash`; key buckets, the default:
+test_key_buckets.py):
+
 - A pod that spills its keys for a window while it carries far beyond its share gets a
   smaller weight in the session table: some of its keys move to the other pods for good
   (they stay there once it has room again), the rest come back to it.
@@ -37,7 +40,9 @@ async def test_a_pod_that_keeps_spilling_hands_some_of_its_keys_to_the_others_fo
         # A window of 10 decisions (1 s); the caches pay, so keys stick throughout. The
         # spill rule: pools of over 2 pods do not have their logged keys placed.
         advanced = {"home_window_intervals": 10, "home_placed_max_pods": 2}
-        gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
+        gateway, http = await session_gateway(
+            stack, pods, tmp_path, advanced=advanced, key_homes="hash"
+        )
 
         async def served(user: str) -> int:
             return await serving_pod(http, gateway.url, user)
@@ -155,7 +160,9 @@ async def test_logged_keys_are_placed_evenly_and_go_where_the_server_computes(
             await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(4)
         ]
         advanced = {"home_window_intervals": 10}
-        gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
+        gateway, http = await session_gateway(
+            stack, pods, tmp_path, advanced=advanced, key_homes="hash"
+        )
         pool = gateway.app.controller.decision.pools["gpu"]
         keys = _uneven_keys(pool)
         port_of = {e.ring_key: e.port for e in pool.endpoints}
@@ -185,7 +192,9 @@ async def test_a_replica_places_the_keys_its_peers_envoys_logged(tmp_path: Path)
             await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(4)
         ]
         advanced = {"home_window_intervals": 10}
-        gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
+        gateway, http = await session_gateway(
+            stack, pods, tmp_path, advanced=advanced, key_homes="hash"
+        )
         other = await peered_leader(stack, gateway, tmp_path)
         keys = _uneven_keys(gateway.app.controller.decision.pools["gpu"])
 

@@ -32,9 +32,10 @@ def config() -> RoutingConfig:
     return parse_config(CONFIG_YAML)
 
 
+# Hash homes: the session cluster's own Maglev ring (key buckets: test_build_key_buckets.py).
 AFFINITY_YAML = """
 listener: {address: 127.0.0.1, port: 8080}
-balancing: {hash_balance_factor: 175}
+balancing: {hash_balance_factor: 175, key_homes: hash}
 pools:
   - name: llm
     models: [base]

@@ -11,7 +11,8 @@ comparison: the key homes (homes.py) move a ring weight only after a window of d
 so a decision replayed alone, from a recorded memory without them, keeps the capacity's;
 affinity (affinity.py) is suspended only after a streak of decisions, so it sticks; an
 admission's `tenants` (weighted tenants' split of a band) is empty without them; the key
-buckets (buckets.py: `buckets`, `key_buckets`, `key_offers`, `key_spare`) are off by default.
+buckets (buckets.py: `buckets`, `key_buckets`, `key_offers`, `key_spare`) came after the
+recording.
 """
 
 from __future__ import annotations

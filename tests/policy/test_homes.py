@@ -146,7 +146,7 @@ def _pool(session_affinity: bool) -> PoolConfig:
 
 def test_score_pool_moves_the_loaded_pods_ring_weight_and_says_why() -> None:
     pool = _pool(True)
-    settings = BalancingConfig()
+    settings = BalancingConfig(key_homes="hash")
     # The first pod queues beyond the others (it spills: spill.py) and holds 26 of 46.
     load = [(20.0, 6.0), (7.0, 0.0), (7.0, 0.0), (6.0, 0.0)]
     signals = {
@@ -330,7 +330,7 @@ def test_score_pool_places_logged_keys_only_where_spills_keep_the_table() -> Non
             keys[hashed] = 3.0
     assert len(keys) == 32
     for spill_to, placed in (("pool", True), ("ring", False)):
-        settings = BalancingConfig(spill_to=spill_to)
+        settings = BalancingConfig(spill_to=spill_to, key_homes="hash")
         homes, memory = HomeMemory(), {}
         for _ in range(WINDOW):
             scored = score_pool(
