@@ -302,11 +302,21 @@ class Tuning(BaseModel):
         ge=1,
         le=65_536,
         unit="points on the ring of the spares",
-        meaning="The buckets no pod holds are offered to the spares by a ring of this many"
-        " points in all (at least one a spare): a new key's requests all reach one pod before"
-        " its bucket is pinned, and a spare that comes or goes moves only its own arcs.",
+        meaning="The buckets no pod holds are offered to the spares by a ring of the spares,"
+        " each with this many points over the pods in rotation (at least one): a new key's"
+        " requests all reach one pod before its bucket is pinned, and a spare that comes or"
+        " goes moves only its own arcs.",
         evidence="design: 256 points a pod among four keep each pod's share of the offered"
         " buckets within about 6%",
+    )
+    key_spare_slack: float = _knob(
+        0.0,
+        le=100.0,
+        unit="mean keys",
+        meaning="With key buckets, a pod takes new keys while its pinned keys weigh at most"
+        " its capacity share plus this many mean keys: more spares, so fewer new keys that"
+        " arrive together are offered to the same pod, at the cost of that much evenness.",
+        evidence="bench/results/bucket-homes/NOTES.md",
     )
     home_step_span: float = _knob(
         3.0,

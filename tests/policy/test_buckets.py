@@ -36,6 +36,7 @@ def _homes(
     shares: Mapping[str, float] | None = None,
     spilling: Set[str] = frozenset(),
     prior: float = 0.0,
+    slack: float = 0.0,
 ) -> BucketHomes:
     return bucket_homes(
         known,
@@ -48,6 +49,7 @@ def _homes(
         buckets=BUCKETS,
         key_prior=prior,
         offer_points=POINTS,
+        spare_slack=slack,
     )
 
 
@@ -217,3 +219,23 @@ def test_thirty_two_keys_arriving_one_by_one_are_even_and_never_move() -> None:
         memory = table.memory
     held = [len(table.buckets.get(pod, ())) for pod in PODS]
     assert max(held) - min(held) <= 1, held
+
+
+def test_a_slack_keeps_a_pod_a_key_ahead_among_the_spares() -> None:
+    """Four pods with 3/2/2/1 keys of equal weight: with no slack only the pods at or
+    under their share (2 keys) take new keys; with a slack of one mean key, the pod a
+    key ahead does too, and the one two keys ahead still does not."""
+    held = {"a:1": 3, "b:1": 2, "c:1": 2, "d:1": 1}
+    keys: dict[int, float] = {}
+    served: dict[int, str] = {}
+    bucket = 0
+    for pod, n in held.items():
+        for _ in range(n):
+            keys[_key(bucket)] = 1.0
+            served[_key(bucket)] = pod
+            bucket += 1
+    assert _homes(keys, served).spares == {"b:1", "c:1", "d:1"}
+    assert _homes(keys, served, slack=1.0).spares == set(PODS)
+    held_more = keys | {_key(bucket): 1.0}
+    served_more = served | {_key(bucket): "a:1"}
+    assert _homes(held_more, served_more, slack=1.0).spares == {"b:1", "c:1", "d:1"}

@@ -117,6 +117,7 @@ def bucket_homes(
     buckets: int,
     key_prior: float,
     offer_points: int,
+    spare_slack: float = 0.0,
 ) -> BucketHomes:
     """The pool's pinned buckets, offers and spares after this decision.
 
@@ -125,7 +126,8 @@ def bucket_homes(
     logged key hash's recent requests; `served_by`: the pod each key was last served by,
     where the Envoys said (endpoint ids);
     `spilling`: the pods spilling their keys now; `buckets`: `balancing.key_buckets`;
-    `key_prior`: `Tuning.home_key_prior`; `offer_points`: `Tuning.key_offer_points`.
+    `key_prior`: `Tuning.home_key_prior`; `offer_points`: `Tuning.key_offer_points`;
+    `spare_slack`: `Tuning.key_spare_slack`.
     """
     present = sorted(k for k in healthy if capacity_shares.get(k, 0.0) > 0)
     in_rotation = set(present)
@@ -152,7 +154,8 @@ def bucket_homes(
             carried[pod] += load[bucket]
             by_pod.setdefault(pod, []).append(bucket)
     listed = {pod: tuple(held) for pod, held in by_pod.items()}
-    spares = frozenset(_spares(present, capacity_shares, carried, spilling))
+    mean_key = sum(load.values()) / len(counts) if counts else 0.0
+    spares = frozenset(_spares(present, capacity_shares, carried, spilling, spare_slack * mean_key))
     return BucketHomes(
         memory=BucketMemory(pins=pins),
         buckets=listed,
@@ -203,14 +206,17 @@ def _spares(
     capacity_shares: Mapping[str, float],
     carried: Mapping[str, float],
     spilling: Set[str],
+    allowance: float,
 ) -> list[str]:
-    """The pods at or under their capacity share of the pinned keys' load, the spilling
-    ones aside unless every such pod spills; every pod before any key (none when none
-    is in rotation)."""
+    """The pods at or under their capacity share of the pinned keys' load plus
+    `allowance`, the spilling ones aside unless every such pod spills; every pod before
+    any key (none when none is in rotation)."""
     total = sum(carried.values())
     capacity = sum(capacity_shares[k] for k in present)
     under = [
-        k for k in present if total <= 0 or carried[k] / total <= capacity_shares[k] / capacity
+        k
+        for k in present
+        if total <= 0 or carried[k] <= total * capacity_shares[k] / capacity + allowance
     ]
     calm = [k for k in under if k not in spilling]
     return calm or under

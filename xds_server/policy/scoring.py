@@ -283,6 +283,7 @@ def score_pool(
             buckets=settings.key_buckets,
             key_prior=tuning.home_key_prior,
             offer_points=tuning.key_offer_points,
+            spare_slack=tuning.key_spare_slack,
         )
     sticks = _affinity(pool, pods, keys, settings, tuning)
     suspended = sticks.reason if sticks is not None else None
