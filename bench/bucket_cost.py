@@ -54,6 +54,7 @@ def bucket_cost(pods: int, buckets: int, decisions: int, *, churn: bool) -> dict
             buckets=buckets,
             key_prior=tuning.home_key_prior,
             offer_points=tuning.key_offer_points,
+            offer_width=tuning.key_offer_width,
         )
         held.append(time.perf_counter() - started)
         memory = table.memory

@@ -309,6 +309,18 @@ class Tuning(BaseModel):
         evidence="design: 256 points a pod among four keep each pod's share of the offered"
         " buckets within about 6%",
     )
+    key_offer_width: int = _knob(
+        1,
+        ge=1,
+        le=1024,
+        unit="spares",
+        meaning="With key buckets, each bucket no pod holds is offered to this many spares"
+        " (the next on the ring), and a new key's requests go to the one of them with fewer"
+        " in flight until its first is logged: with one, a burst of one new key stays on one"
+        " pod, but new keys that arrive together queue on one spare as often as they share"
+        " it; with every spare, each request of a new key may land on another.",
+        evidence="bench/results/bucket-homes/NOTES.md",
+    )
     key_spare_slack: float = _knob(
         0.0,
         le=100.0,

@@ -1,7 +1,8 @@
 """Key buckets (`balancing.key_homes: buckets`, policy/buckets.py) through a real Envoy.
 
 - Keys arriving one by one (18) are homed at first sight on the pods with the fewest, and each
-  stays on its pod: no pod ends more than one key off another, and no key moves.
+  stays on its pod: no pod ends more than one key off another, and no key moves; every
+  bucket no pod holds is offered.
 - A pod that stops serving loses its keys to the others, with no request lost; once
   there, each key stays where it landed.
 - A replica without Envoys of its own pins the keys its peer's Envoy logged where that
@@ -54,14 +55,21 @@ async def test_keys_are_homed_at_first_sight_on_the_pods_with_fewest_and_stay(
         per_pod = Counter(homes.values())
         assert len(per_pod) == 3 and max(per_pod.values()) - min(per_pod.values()) <= 1, per_pod
         assert {u: await served(http, gateway.url, u) for u in users} == homes
-        # The pods' gauges count the same pins.
-        pinned = {
-            sample.labels["endpoint"]: sample.value
+        # The pods' gauges count the same pins and offers, and every other bucket is
+        # offered (read together: no decision in between).
+        gauges = {
+            (family.name, sample.labels["endpoint"]): sample.value
             for family in gateway.app.telemetry.registry.collect()
-            if family.name == "xds_pod_key_buckets"
+            if family.name in ("xds_pod_key_buckets", "xds_pod_key_offers")
             for sample in family.samples
         }
+        pool = gateway.app.controller.decision.pools["gpu"]
+        pinned = {e: n for (name, e), n in gauges.items() if name == "xds_pod_key_buckets"}
         assert pinned == {f"127.0.0.1:{port}": n for port, n in per_pod.items()}
+        offered = {e: n for (name, e), n in gauges.items() if name == "xds_pod_key_offers"}
+        assert offered == {e.id: len(e.key_offers) for e in pool.endpoints}
+        listed = {b for e in pool.endpoints for b in (*e.key_buckets, *e.key_offers)}
+        assert listed == set(range(BUCKETS))
 
 
 async def test_a_pod_that_stops_serving_hands_its_keys_to_the_others(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ PODS = ("a:1", "b:1", "c:1", "d:1")
 BUCKETS = 256
 NO_PINS = BucketMemory()
 POINTS = Tuning().key_offer_points
+WIDTH = Tuning().key_offer_width
 
 
 def _key(bucket: int, n: int = 0) -> int:
@@ -37,6 +38,7 @@ def _homes(
     spilling: Set[str] = frozenset(),
     prior: float = 0.0,
     slack: float = 0.0,
+    width: int = WIDTH,
 ) -> BucketHomes:
     return bucket_homes(
         known,
@@ -49,24 +51,37 @@ def _homes(
         buckets=BUCKETS,
         key_prior=prior,
         offer_points=POINTS,
+        offer_width=width,
         spare_slack=slack,
     )
 
 
-def _offered(table: BucketHomes) -> dict[int, str]:
-    """Each offered bucket's spare."""
-    return {b: pod for pod, held in table.offers.items() for b in held}
+def _offered(table: BucketHomes) -> dict[int, frozenset[str]]:
+    """Each offered bucket's spares."""
+    offered: dict[int, set[str]] = {}
+    for pod, held in table.offers.items():
+        for bucket in held:
+            offered.setdefault(bucket, set()).add(pod)
+    return {b: frozenset(pods) for b, pods in offered.items()}
 
 
 def test_before_any_key_every_pod_takes_new_keys() -> None:
     table = _homes(None, None)
     assert table.spares == frozenset(PODS)
     assert table.buckets == {}
-    # Each bucket offered to one pod, about a quarter each.
+    # Each bucket offered to WIDTH pods, each pod about WIDTH quarters of them.
     offered = _offered(table)
     assert sorted(offered) == list(range(BUCKETS))
+    assert {len(pods) for pods in offered.values()} == {WIDTH}
     shares = [len(table.offers[pod]) / BUCKETS for pod in PODS]
-    assert all(abs(share - 0.25) <= 0.25 * 0.3 for share in shares), shares
+    assert all(abs(share - WIDTH / 4) <= WIDTH / 4 * 0.3 for share in shares), shares
+
+
+def test_a_width_of_one_offers_each_bucket_to_one_pod_and_a_wide_one_to_all() -> None:
+    narrow = _offered(_homes(None, None, width=1))
+    assert {len(pods) for pods in narrow.values()} == {1}
+    wide = _offered(_homes(None, None, width=len(PODS) + 3))
+    assert set(wide.values()) == {frozenset(PODS)}
 
 
 def test_buckets_no_pod_holds_are_offered_to_the_spares_only() -> None:
@@ -77,20 +92,26 @@ def test_buckets_no_pod_holds_are_offered_to_the_spares_only() -> None:
     table = _homes(keys, {}, memory, healthy=("a:1", "b:1", "d:1"))
     offered = _offered(table)
     assert set(offered) == set(range(BUCKETS)) - {7, 9}
-    assert set(offered.values()) == table.spares == {"d:1"}
+    assert set(offered.values()) == {table.spares} == {frozenset({"d:1"})}
 
 
 def test_a_spare_that_goes_moves_only_its_own_offers() -> None:
-    """The ring depends on the spares alone: when one leaves (it took a key), the other
-    spares keep every bucket they were offered, and its buckets spread over them."""
-    before = _offered(_homes(None, None))
-    keys = {_key(5): 1.0}
-    after_table = _homes(keys, {_key(5): before[5]})
-    after = _offered(after_table)
-    gone = before[5]
-    assert gone not in after_table.spares and 5 not in after
-    assert all(after[b] == pod for b, pod in before.items() if pod != gone)
-    assert len({after[b] for b, pod in before.items() if pod == gone and b != 5}) > 1
+    """The ring depends on the spares alone: when one leaves (it took a key), every
+    bucket it was not offered keeps its spares, and each of its buckets keeps the others
+    and takes one more."""
+    for width in (1, WIDTH):
+        before = _offered(_homes(None, None, width=width))
+        gone = min(before[5])
+        after_table = _homes({_key(5): 1.0}, {_key(5): gone}, width=width)
+        after = _offered(after_table)
+        assert gone not in after_table.spares and 5 not in after
+        for bucket, pods in before.items():
+            if bucket == 5:
+                continue
+            if gone in pods:
+                assert after[bucket] > pods - {gone} and len(after[bucket]) == width
+            else:
+                assert after[bucket] == pods
 
 
 def test_a_follower_offers_what_its_leader_offers() -> None:
@@ -103,6 +124,7 @@ def test_a_follower_offers_what_its_leader_offers() -> None:
         FollowedBuckets(buckets=leader.buckets, spares=leader.spares),
         buckets=BUCKETS,
         offer_points=POINTS,
+        offer_width=WIDTH,
     )
     assert followed.offers == leader.offers
     assert followed.buckets == leader.buckets
@@ -202,7 +224,7 @@ def test_a_keys_first_counts_weigh_little_beside_the_prior() -> None:
 
 
 def test_thirty_two_keys_arriving_one_by_one_are_even_and_never_move() -> None:
-    """c's shape, each key served by the spare its bucket is offered to, then pinned
+    """c's shape, each key served by a spare its bucket is offered to, then pinned
     there: no pin ever changes, and no pod ends more than one key off another."""
     memory = BucketMemory()
     keys: dict[int, float] = {}
@@ -212,7 +234,7 @@ def test_thirty_two_keys_arriving_one_by_one_are_even_and_never_move() -> None:
         bucket = n * 7 % BUCKETS
         hashed = _key(bucket)
         keys[hashed] = 1.0
-        served[hashed] = _offered(table)[bucket]
+        served[hashed] = min(_offered(table)[bucket])
         table = _homes(keys, served, memory)
         assert all(table.memory.pins[b] == pod for b, pod in memory.pins.items())
         assert table.memory.pins[bucket] == served[hashed]

@@ -292,11 +292,11 @@ def _least_request() -> _Any:
 
 def _key_bucket_subsets(child: _Any) -> _Any:
     """A bucketed session cluster (`key_homes: buckets`): one subset per key bucket, made
-    of the endpoints whose `key_bucket` list holds it (endpoints.py: its pod at priority 0,
-    the pod's stand-in at the spill listener at priority 1), picked by the request's
-    bucket (listeners.py); a bucket no endpoint lists goes to the default subset, the
-    `key_spare` pods, where `child` sends a new key to the one with the fewest requests in
-    flight, as a router homes a key on the least loaded pod.
+    of the endpoints whose `key_bucket` list holds it (endpoints.py: the pod it is pinned
+    or offered to at priority 0, the pod's stand-in at the spill listener at priority 1),
+    picked by the request's bucket (listeners.py); a bucket no endpoint lists (between
+    two pushes) goes to the default subset, the `key_spare` pods, where `child` picks the
+    one with the fewest requests in flight.
 
     `child` is least request, not Maglev: Envoy's hashing balancers pick the priority by
     the key's hash alone, so a retry of a request whose pod just died drew the same pod

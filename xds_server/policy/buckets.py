@@ -9,8 +9,8 @@ sticky_least_loaded, which homes a key at its first request
 
 With buckets, Envoy reads a table the server writes. Each keyed request carries its
 bucket, `xxHash64(key) % key_buckets` (envoy/_key_buckets.py); a bucket pinned to a pod
-goes there, and a bucket pinned nowhere goes to the spares, the pods new keys go to
-(the one with the fewest requests in flight: envoy/clusters.py). Here:
+goes there, and a bucket pinned nowhere goes to the spare it is offered to, one of the
+pods new keys go to (envoy/clusters.py, envoy/endpoints.py). Here:
 
 - A bucket with a logged key and no pin is pinned to the pod in rotation its heaviest key
   was last served by (the Envoys log it, xds/session_keys.py): where its first request
@@ -24,20 +24,20 @@ goes there, and a bucket pinned nowhere goes to the spares, the pods new keys go
   its keys go to the spares (as Maglev sends them to the other pods), and they come back
   with the pod. A pod that leaves the pool loses its pins.
 - The spares are the pods whose pinned keys' load is at or under their share of the
-  ring's capacity, those spilling aside (unless all are): a pod ahead of its share takes
-  no new key, as a router sends a key's first request to the least loaded pod. Before
-  any key, every pod is a spare.
+  ring's capacity (plus `Tuning.key_spare_slack` mean keys), those spilling aside
+  (unless all are): a pod ahead of its share takes no new key, as a router sends a key's
+  first request to the least loaded pod. Before any key, every pod is a spare. A key's
+  load is its recent requests plus `home_key_prior` times the mean key's, as in
+  homes.py: in a key's first seconds its count is noise (on scenario c without it, one
+  pod whose first four keys came back soonest took no new key for 13 s and ended with 5
+  of 32), while a key many times as busy as the others still weighs as several.
 - Every bucket not pinned to a pod in rotation is offered to one spare, by a ring of the
   spares (`Tuning.key_offer_points` points): a new key's requests all reach one pod
   before its first log pins the bucket there, where balancing each request over the
   spares would spread a burst of a new key, and its prefix, over all of them. The ring
   depends on the spares only, so every replica offers alike, and a spare that comes or
   goes moves only the buckets of its arcs. A bucket listed nowhere (between pushes)
-  still goes to the spares (`key_spare`). A key's load is its recent requests plus
-  `home_key_prior` times the mean key's, as in homes.py: in a key's first seconds its
-  count is noise (on scenario c without it, one pod whose first four keys came back
-  soonest took no new key for 13 s and ended with 5 of 32), while a key many times as
-  busy as the others still weighs as several.
+  still goes to the spares (`key_spare`), by least request.
 
 Pure: the memory of the last call comes in, the next goes out; no clock, no I/O. The work
 is one pass over the pool's logged keys (at most `max_keys`, xds/session_keys.py).
@@ -88,6 +88,7 @@ def followed_buckets(
     *,
     buckets: int,
     offer_points: int,
+    offer_width: int,
 ) -> BucketHomes:
     """The table of the replica this one follows, taken as it is (its pods in this pool
     only), so that every replica's Envoys send a key to the same pod; the spares, those
@@ -100,7 +101,14 @@ def followed_buckets(
     return BucketHomes(
         memory=BucketMemory(pins=pins),
         buckets=listed,
-        offers=_offers(listed, spares, len(in_rotation), buckets=buckets, points=offer_points),
+        offers=_offers(
+            listed,
+            spares,
+            len(in_rotation),
+            buckets=buckets,
+            points=offer_points,
+            width=offer_width,
+        ),
         spares=frozenset(spares),
     )
 
@@ -117,6 +125,7 @@ def bucket_homes(
     buckets: int,
     key_prior: float,
     offer_points: int,
+    offer_width: int,
     spare_slack: float = 0.0,
 ) -> BucketHomes:
     """The pool's pinned buckets, offers and spares after this decision.
@@ -126,8 +135,9 @@ def bucket_homes(
     logged key hash's recent requests; `served_by`: the pod each key was last served by,
     where the Envoys said (endpoint ids);
     `spilling`: the pods spilling their keys now; `buckets`: `balancing.key_buckets`;
-    `key_prior`: `Tuning.home_key_prior`; `offer_points`: `Tuning.key_offer_points`;
-    `spare_slack`: `Tuning.key_spare_slack`.
+    `key_prior`: `Tuning.home_key_prior`; `offer_points`, `offer_width`:
+    `Tuning.key_offer_points`, `Tuning.key_offer_width`; `spare_slack`:
+    `Tuning.key_spare_slack`.
     """
     present = sorted(k for k in healthy if capacity_shares.get(k, 0.0) > 0)
     in_rotation = set(present)
@@ -159,7 +169,14 @@ def bucket_homes(
     return BucketHomes(
         memory=BucketMemory(pins=pins),
         buckets=listed,
-        offers=_offers(listed, spares, len(present), buckets=buckets, points=offer_points),
+        offers=_offers(
+            listed,
+            spares,
+            len(present),
+            buckets=buckets,
+            points=offer_points,
+            width=offer_width,
+        ),
         spares=spares,
     )
 
@@ -171,28 +188,38 @@ def _offers(
     *,
     buckets: int,
     points: int,
+    width: int,
 ) -> dict[str, tuple[int, ...]]:
-    """Each spare's share of the buckets no pod in rotation holds: the spare whose point
-    on the ring follows the bucket's. Each spare has `points` shared by the `in_rotation`
-    pods (at least one), so a spare that comes or goes moves only its own arcs."""
+    """Each spare's share of the buckets no pod in rotation holds: the `width` spares
+    whose points on the ring follow the bucket's (all of them when there are no more).
+    Each spare has `points` shared by the `in_rotation` pods (at least one), so a spare
+    that comes or goes moves only its own arcs."""
     if not spares:
         return {}
     held = {b for pinned in listed.values() for b in pinned}
     each = max(1, points // max(1, in_rotation))
     positions, owners = _spare_ring(tuple(sorted(spares)), each)
+    wanted = min(width, len(spares))
     offered: dict[str, list[int]] = {}
     for bucket, position in enumerate(_bucket_positions(buckets)):
-        if bucket not in held:
-            at = bisect(positions, position) % len(positions)
-            offered.setdefault(owners[at], []).append(bucket)
+        if bucket in held:
+            continue
+        at = bisect(positions, position)
+        chosen: list[str] = []
+        while len(chosen) < wanted:
+            pod = owners[at % len(owners)]
+            if pod not in chosen:
+                chosen.append(pod)
+                offered.setdefault(pod, []).append(bucket)
+            at += 1
     return {pod: tuple(bs) for pod, bs in offered.items()}
 
 
 @lru_cache
-def _spare_ring(spares: tuple[str, ...], each: int) -> tuple[list[int], list[str]]:
+def _spare_ring(spares: tuple[str, ...], each: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """The ring of `spares`, `each` points a spare, sorted; and each point's pod."""
     ring = sorted((key_hash(f"{pod}#{i}"), pod) for pod in spares for i in range(each))
-    return [at for at, _ in ring], [pod for _, pod in ring]
+    return tuple(at for at, _ in ring), tuple(pod for _, pod in ring)
 
 
 @lru_cache

@@ -270,6 +270,7 @@ def score_pool(
             followed_table,
             buckets=settings.key_buckets,
             offer_points=tuning.key_offer_points,
+            offer_width=tuning.key_offer_width,
         )
     elif settings.keeps_buckets(pool):
         table = bucket_homes(
@@ -283,6 +284,7 @@ def score_pool(
             buckets=settings.key_buckets,
             key_prior=tuning.home_key_prior,
             offer_points=tuning.key_offer_points,
+            offer_width=tuning.key_offer_width,
             spare_slack=tuning.key_spare_slack,
         )
     sticks = _affinity(pool, pods, keys, settings, tuning)

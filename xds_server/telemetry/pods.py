@@ -66,6 +66,11 @@ _FAMILIES = {
         "Key buckets pinned to the pod (pools with balancing.key_homes buckets): the buckets"
         " of the keys it is home to.",
     ),
+    "offers": (
+        "xds_pod_key_offers",
+        "Key buckets no pod holds that are offered to the pod (pools with balancing.key_homes"
+        " buckets): the new keys of those buckets go to it.",
+    ),
     "spare": (
         "xds_pod_key_spare",
         "1 while keys not seen yet go to the pod (pools with balancing.key_homes buckets:"
@@ -151,6 +156,7 @@ class PodCollector(Collector):
                 families["adapters"].add_metric(labels, len(endpoint.adapters))
                 if pool.name in bucketed:
                     families["buckets"].add_metric(labels, len(endpoint.key_buckets))
+                    families["offers"].add_metric(labels, len(endpoint.key_offers))
                     families["spare"].add_metric(labels, float(endpoint.key_spare))
                 if endpoint.verdict is not None:
                     families["verdict"].add_metric([*labels, endpoint.verdict], 1.0)

@@ -5,7 +5,7 @@ project's from bounded-load's c-seeds-4-8-off and c-seeds-9-13-off, the router's
 c-seeds-4-8-off (the run beside the project's) and c-seeds-9-13-factor-300. With key
 buckets: both from this folder's c-seeds-4-8 and c-seeds-9-13 (the router beside the
 project in each); with the unpinned buckets offered to one spare each, from
-c-offers-seeds-4-8 and c-offers-seeds-9-13. A paired bootstrap over the seeds resamples
+width1-c-seeds-4-8 and width1-c-seeds-9-13. A paired bootstrap over the seeds resamples
 the ten seeds with replacement and takes both policies' pooled P99 over each resample,
 so a seed whose requests are slow for both counts for both.
 
@@ -49,8 +49,8 @@ def main() -> None:
     )
     buckets = {s: HERE / "c-seeds-4-8" for s in FIRST} | {s: HERE / "c-seeds-9-13" for s in SECOND}
     report("key buckets", buckets, buckets)
-    offers = {s: HERE / "c-offers-seeds-4-8" for s in FIRST} | {
-        s: HERE / "c-offers-seeds-9-13" for s in SECOND
+    offers = {s: HERE / "width1-c-seeds-4-8" for s in FIRST} | {
+        s: HERE / "width1-c-seeds-9-13" for s in SECOND
     }
     report("key buckets with offers", offers, offers)
 
