@@ -101,11 +101,13 @@ class QueueEpisode:
 
 class PodDecision(NamedTuple):
     """A pod in the server's decision: its weight in the pool, whether it spills its keys
-    (off the session table), and its ring weight in the session table (None without one)."""
+    (off the session table), its ring weight in the session table (None without one), and
+    whether the pool's keys are suspended (affinity does not pay: policy/affinity.py)."""
 
     weight: int
     spilling: bool
     ring_weight: int | None
+    keys_suspended: bool = False
 
 
 class QueueSampler:

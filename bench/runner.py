@@ -405,9 +405,9 @@ async def _run_policy(
 
 
 def _pod_decisions(gateway: LocalGateway, fleet: Fleet) -> Callable[[], dict[str, PodDecision]]:
-    """A function giving each pod's weight, `spilling` (off the session table) and ring
-    weight in the server's current decision, by pod name, for the keyed scenarios'
-    sampler."""
+    """A function giving each pod's weight, `spilling` (off the session table), ring
+    weight and its pool's `keys_suspended` in the server's current decision, by pod name,
+    for the keyed scenarios' sampler."""
     names = {pod.port: pod.name for pod in fleet.pods}
 
     def decision() -> dict[str, PodDecision]:
@@ -415,7 +415,9 @@ def _pod_decisions(gateway: LocalGateway, fleet: Fleet) -> Callable[[], dict[str
         if pool is None:
             return {}
         return {
-            names.get(e.port, e.id): PodDecision(e.weight, e.spilling, e.ring_weight)
+            names.get(e.port, e.id): PodDecision(
+                e.weight, e.spilling, e.ring_weight, pool.keys_suspended
+            )
             for e in pool.endpoints
         }
 

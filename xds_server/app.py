@@ -108,6 +108,7 @@ class LoggedKeyCounts:
         self._own: Mapping[str, Mapping[int, float]] = MappingProxyType({})
         self._served_by: Mapping[str, Mapping[int, str]] = MappingProxyType({})
         self._own_served_by: dict[str, dict[int, str]] = {}
+        self._returns: Mapping[str, Mapping[str, float]] = MappingProxyType({})
         self._served_from: tuple[object, object] = (None, None)
         self._report = SessionKeysReport()
         self._reported_from: tuple[object, object] | None = None
@@ -135,7 +136,16 @@ class LoggedKeyCounts:
                 pool: {h: seen.endpoint for h, seen in keys.items() if seen.endpoint is not None}
                 for pool, keys in snapshot.items()
             }
+            self._returns = self._keys.return_shares()
         return self._own
+
+    def returns(self) -> Mapping[str, Mapping[str, float]]:
+        """Per pool, per pod, the share of the keyed requests it was sent that returned to
+        it (KeyReturnsSource), as this replica's own Envoys logged them: a share, which any
+        Envoy's sample of the traffic estimates (a replica without Envoys of its own has
+        none, and judges affinity per request). Read with the own keys (`refresh_s`)."""
+        self.own()
+        return self._returns
 
     def served_by(self) -> Mapping[str, Mapping[int, str]]:
         """Per pool, the pod (endpoint id) each key was last served by (ServedBySource),
@@ -315,6 +325,7 @@ class XdsApplication:
             session_keys=self.logged_keys,
             followed_homes=self.peers.followed_homes,
             served_by=self.logged_keys.served_by,
+            key_returns=self.logged_keys.returns,
             followed_buckets=self.peers.followed_buckets,
             clock=clock,
         )

@@ -190,6 +190,7 @@ class MetricNamesConfig(_Strict):
     prompt_tokens: MetricCandidates | None = None
     generation_tokens: MetricCandidates | None = None
     requests_finished: MetricCandidates | None = None
+    requests_prefilled: MetricCandidates | None = None
 
     @model_validator(mode="after")
     def _required_read(self) -> MetricNamesConfig:

@@ -67,6 +67,7 @@ T = TypeVar("T")
 _NO_SESSION_KEYS: Mapping[str, Mapping[int, float]] = MappingProxyType({})
 _NO_HOMES: Mapping[str, Mapping[str, float]] = MappingProxyType({})
 _NO_SERVED_BY: Mapping[str, Mapping[int, str]] = MappingProxyType({})
+_NO_RETURNS: Mapping[str, Mapping[str, float]] = MappingProxyType({})
 _NO_BUCKETS: Mapping[str, FollowedBuckets] = MappingProxyType({})
 # Per pool that keeps key buckets: each endpoint's pinned buckets, and the endpoints new
 # keys go to (Controller.home_buckets; peering/reports.py's SessionKeysReport).
@@ -85,6 +86,14 @@ class ServedBySource(Protocol):
     (xds/session_keys.py). The same object while unchanged."""
 
     def __call__(self) -> Mapping[str, Mapping[int, str]]: ...
+
+
+class KeyReturnsSource(Protocol):
+    """Per pool, per pod (endpoint id), the share of the keyed requests it was sent that
+    returned to it, their key last served by it (xds/session_keys.py). The same object
+    while unchanged."""
+
+    def __call__(self) -> Mapping[str, Mapping[str, float]]: ...
 
 
 class FollowedBucketsSource(Protocol):
@@ -163,6 +172,7 @@ class Controller:
         session_keys: SessionKeysSource | None = None,
         followed_homes: FollowedHomesSource | None = None,
         served_by: ServedBySource | None = None,
+        key_returns: KeyReturnsSource | None = None,
         followed_buckets: FollowedBucketsSource | None = None,
         group: str = DEFAULT_GROUP,
         clock: Clock = loop_clock,
@@ -174,6 +184,7 @@ class Controller:
         self._session_keys = session_keys
         self._followed_homes = followed_homes
         self._served_by = served_by
+        self._key_returns = key_returns
         self._followed_buckets = followed_buckets
         self._remotes = remotes
         self._group = group
@@ -432,6 +443,7 @@ class Controller:
             session_keys=_NO_SESSION_KEYS if self._session_keys is None else self._session_keys(),
             followed_homes=(_NO_HOMES if self._followed_homes is None else self._followed_homes()),
             served_by=_NO_SERVED_BY if self._served_by is None else self._served_by(),
+            key_returns=_NO_RETURNS if self._key_returns is None else self._key_returns(),
             followed_buckets=(
                 _NO_BUCKETS if self._followed_buckets is None else self._followed_buckets()
             ),
@@ -513,6 +525,7 @@ class Controller:
             inputs.session_keys,
             inputs.followed_homes,
             inputs.served_by,
+            inputs.key_returns,
             inputs.followed_buckets,
         )
         last = self._decided_on

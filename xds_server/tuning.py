@@ -354,9 +354,12 @@ class Tuning(BaseModel):
         le=1_000_000.0,
         unit="prompt tokens per request",
         meaning="A pool's session keys stop sticking to their pods while the pods' prefix"
-        " caches save fewer prompt tokens than this per request (a short prefix is cached"
-        " on every pod anyway).",
-        evidence="bench/results/affinity-pays (h: about 130 per request, c: about 2,000)",
+        " caches save fewer prompt tokens than this per request that returned to its key's"
+        " pod (a short prefix is cached on every pod anyway; a key's first request misses"
+        " wherever it goes).",
+        evidence="bench/results/affinity-pays (h: about 130 per request, c: about 2,000);"
+        " bench/results/bucket-homes (per return: c@more-prefixes' fresh fleets stay"
+        " sticky)",
     )
     affinity_resume_factor: float = _knob(
         1.5,

@@ -14,12 +14,18 @@ test_key_buckets.py):
 - A pool whose prefix caches save few tokens per request stops sticking: one key's
   requests go round the pods, balanced by load; once the caches save many, keys stick
   again. The pool's gauge and the pods' reasons say so.
+- Those tokens are judged per request that returned to its key's pod: while every key
+  is new (a fresh fleet's first requests miss wherever they go), the keys stick; once
+  the requests return and still save little, they stop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.e2e.conftest import eventually
@@ -121,6 +127,61 @@ async def test_keys_stop_sticking_where_the_caches_save_little_and_stick_again_w
             return len({await serving_pod(http, gateway.url, "user-1") for _ in range(30)}) == 1
 
         await eventually(sticks, within_s=20, what="one key's requests on one pod")
+
+
+async def test_a_fleet_whose_keys_are_all_new_is_not_judged_until_requests_return(
+    tmp_path: Path,
+) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        # 200 tokens per request: under the minimum (512) per request, and per return on
+        # a pod once more than 39% of the keyed requests it is sent return to it.
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=200).serving()) for _ in range(3)
+        ]
+        streak = 10
+        advanced = {"affinity_streak_intervals": streak}
+        gateway, http = await session_gateway(stack, pods, tmp_path, advanced=advanced)
+        registry = gateway.app.telemetry.registry
+        controller = gateway.app.controller
+
+        def suspended() -> float | None:
+            return registry.get_sample_value("xds_pool_affinity_suspended", {"pool": "gpu"})
+
+        async def send(keys: Iterator[str]) -> None:
+            for key in keys:
+                await serving_pod(http, gateway.url, key)
+
+        def shares() -> list[float]:
+            return list(gateway.app.logged_keys.returns().get("gpu", {}).values())
+
+        sending = asyncio.create_task(send(f"new-{i}" for i in itertools.count()))
+        try:
+            await eventually(lambda: shares() == [0.0] * 3, within_s=30, what="new keys logged")
+            decisions = [controller.decision]
+
+            def decided(count: int) -> bool:
+                if controller.decision is not decisions[-1]:
+                    decisions.append(controller.decision)
+                return len(decisions) > count
+
+            # Three streaks' worth of busy decisions on new keys alone: per request the
+            # pool would have been suspended after the first.
+            await eventually(lambda: decided(3 * streak), within_s=60, what="decisions")
+            assert suspended() == 0
+            assert shares() == [0.0] * 3
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+
+        sending = asyncio.create_task(send(itertools.repeat("user-1")))
+        try:
+            await eventually(lambda: suspended() == 1, within_s=60, what="affinity suspended")
+            assert max(shares()) > 200 / 512
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
 
 
 # How far from its share of 8 keys a pod is left once placed: the tolerance (20%) and one

@@ -38,7 +38,18 @@ def test_sglang_docs_page() -> None:
         prefix_cache_queries_tokens=8.128902e06,
         tokens_processed=8.128902e06 + 7.557572e06,
         requests_finished=None,
+        # sglang:time_to_first_token_seconds_count
+        requests_prefilled=11008.0,
     )
+
+
+def test_a_real_vllm_page_gives_its_prefilled_and_finished_requests() -> None:
+    """tests/fixtures/vllm/metrics-load.txt, recorded from a real vLLM with requests
+    running: six had a first token (time_to_first_token_seconds_count), two finished."""
+    page = (FIXTURES.parent / "vllm" / "metrics-load.txt").read_text()
+    metrics = engine_adapter("vllm").parse(page)
+    assert metrics.requests_prefilled == 6.0
+    assert metrics.requests_finished == 2.0
 
 
 def test_sglang_capacity_from_max_total_num_tokens() -> None:

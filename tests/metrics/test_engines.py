@@ -79,6 +79,11 @@ def test_every_flavour_reads_the_engines_state(flavour: Flavour) -> None:
         assert metrics.requests_finished is not None
     else:
         assert metrics.requests_finished is None
+    # Prefilled requests, the time-to-first-token histogram's count (vLLM, SGLang).
+    if flavour in (Flavour.VLLM, Flavour.SGLANG):
+        assert metrics.requests_prefilled == engine.histograms.time_to_first_token.count > 0
+    else:
+        assert metrics.requests_prefilled is None
     if flavour is not Flavour.VLLM:
         assert (metrics.lora_running, metrics.lora_waiting, metrics.max_lora) == ((), (), None)
 

@@ -139,6 +139,32 @@ def test_cached_tokens_per_request_are_the_windows_hits_over_its_finished_reques
     assert saved(store) is None
 
 
+def test_prefilled_requests_are_the_denominator_where_the_engine_counts_them() -> None:
+    """Hits are counted at the prefill, finished requests up to a long answer later: the
+    time-to-first-token count, where a page has it, goes with the hits."""
+    store = MetricsStore(hit_rate_half_life_s=1e9)  # no decay: exact sums
+
+    def page(hits: float, prefilled: float | None, finished: float) -> PodMetrics:
+        return PodMetrics(
+            waiting=0,
+            running=4,
+            prefix_cache_hits_tokens=hits,
+            prefix_cache_queries_tokens=2 * hits + 100,
+            requests_finished=finished,
+            requests_prefilled=prefilled,
+        )
+
+    store.record_success("p", page(0, 0, 0), now=0.0)
+    # Four requests prefilled with 256 cached tokens each; one of them finished.
+    store.record_success("p", page(1_024, 4, 1), now=1.0)
+    assert saved(store) == pytest.approx(256)
+    # A page without the histogram: another counter, so a new baseline, then finished.
+    store.record_success("p", page(2_048, None, 2), now=2.0)
+    assert saved(store) is None
+    store.record_success("p", page(3_072, None, 4), now=3.0)
+    assert saved(store) == pytest.approx(1_024 / 2)
+
+
 def test_no_counters_no_rate() -> None:
     store = MetricsStore()
     store.record_success("p", metrics(0, 0), now=0.0)

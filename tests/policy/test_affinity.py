@@ -21,10 +21,17 @@ def _fresh(saved: float | None, running: float = 4.0) -> dict[str, PodSignals]:
     }
 
 
-def _run(saved: float | None, decisions: int, memory: AffinityMemory, running: float = 4.0):
+def _run(
+    saved: float | None,
+    decisions: int,
+    memory: AffinityMemory,
+    running: float = 4.0,
+    returns: float | None = None,
+):
     result = None
+    shares = None if returns is None else dict.fromkeys(PODS, returns)
     for _ in range(decisions):
-        result = affinity(PODS, _fresh(saved, running), memory, TUNING)
+        result = affinity(PODS, _fresh(saved, running), memory, TUNING, shares)
         memory = result.memory
     assert result is not None
     return result
@@ -73,6 +80,41 @@ def test_the_pool_figure_weighs_pods_by_what_they_hold() -> None:
     assert cached_tokens_per_request(PODS, fresh) == (100.0 * 9 + 1000.0 * 1) / 10
 
 
+def test_a_cold_start_is_judged_by_the_requests_that_returned() -> None:
+    # A fresh fleet: a quarter of the keyed requests returned to their key's pod, each
+    # saving 2.4x the minimum; per request that reads as 0.6x, which would suspend the keys.
+    cold = 0.6 * MINIMUM
+    assert _run(cold, STREAK, AffinityMemory()).memory.suspended
+    assert not _run(cold, 3 * STREAK, AffinityMemory(), returns=0.25).memory.suspended
+    # Short prefixes stay short per return: most requests returned, and still save little.
+    assert _run(0.3 * MINIMUM, STREAK, AffinityMemory(), returns=0.8).memory.suspended
+    # No request returned yet: nothing to judge by, sticky; and no streak kept.
+    nothing = _run(0.1 * MINIMUM, 3 * STREAK, AffinityMemory(), returns=0.0)
+    assert not nothing.memory.suspended and nothing.memory.streak == 0
+
+
+def test_suspended_keys_are_judged_per_request_whatever_returned() -> None:
+    # Spread by load, keys return to a pod by chance: what any pod saves is the figure.
+    suspended = AffinityMemory(suspended=True)
+    short = 0.5 * MINIMUM
+    result = _run(short, 3 * STREAK, suspended, returns=0.1)
+    assert result.memory.suspended
+    assert result.reason is not None and f"saves {short:.0f} prompt tokens" in result.reason.detail
+
+
+def test_per_return_each_pod_is_divided_by_its_own_share() -> None:
+    fresh = {
+        "a": PodSignals(silent_s=0.0, waiting=0.0, running=3.0, cached_tokens_per_request=300.0),
+        "b": PodSignals(silent_s=0.0, waiting=0.0, running=1.0, cached_tokens_per_request=100.0),
+        "c": PodSignals(silent_s=0.0, waiting=0.0, running=1.0, cached_tokens_per_request=0.0),
+    }
+    # a: half its keyed requests returned; b: the log has no word of it (per request); c:
+    # none returned (a pod that replaced another, all first requests): it says nothing.
+    returns = {"a": 0.5, "c": 0.0, "gone": 0.9}
+    assert cached_tokens_per_request(PODS, fresh, returns) == (600.0 * 3 + 100.0) / 4
+    assert cached_tokens_per_request(PODS, fresh, {k: 0.0 for k in PODS}) is None
+
+
 def _pool(spill_to: str) -> tuple[PoolConfig, BalancingConfig]:
     pool = PoolConfig.model_validate(
         {
@@ -83,6 +125,33 @@ def _pool(spill_to: str) -> tuple[PoolConfig, BalancingConfig]:
         }
     )
     return pool, BalancingConfig.model_validate({"spill_to": spill_to})
+
+
+def test_score_pool_judges_the_figure_per_return() -> None:
+    signals = {
+        f"10.0.0.1:{8000 + i}": PodSignals(
+            silent_s=0.0, waiting=0.0, running=4.0, cached_tokens_per_request=300.0
+        )
+        for i in range(3)
+    }
+    pool, settings = _pool("pool")
+    # 300 tokens per request: under the minimum, unless only a fifth of the requests
+    # returned to their key's pod (1,500 per return).
+    for share, expected in ((None, True), (0.2, False), (0.9, True)):
+        key_returns = None if share is None else dict.fromkeys(signals, share)
+        memory, keys, scored = {}, AffinityMemory(), None
+        for _ in range(STREAK):
+            scored = score_pool(
+                pool,
+                settings=settings,
+                signals=signals,
+                memory=memory,
+                keys=keys,
+                key_returns=key_returns,
+            )
+            memory, keys = scored.memory, scored.affinity
+        assert scored is not None
+        assert scored.state.keys_suspended is expected, share
 
 
 def test_score_pool_suspends_a_pools_keys_with_the_reason_on_every_healthy_pod() -> None:

@@ -104,6 +104,44 @@ def test_a_key_takes_the_pod_it_was_last_served_by_and_spilled_requests_count_wi
     assert pool[key_hash("b")] == KeySeen(1.0, None)
 
 
+def test_each_pods_return_share_counts_requests_back_on_their_keys_last_pod() -> None:
+    """Per endpoint: a key's first request, its first on another pod are no returns, a
+    spilled one (pod unknown) is not counted; the sums halve every `return_half_life_s`.
+    The pool's gauge pools its pods' sums decayed to the snapshot."""
+    clock = Clock()
+    telemetry = Telemetry()
+    keys = store(clock, telemetry, return_half_life_s=10.0)
+    assert keys.return_shares() == {}
+
+    def gauge() -> float | None:
+        return telemetry.registry.get_sample_value("xds_session_key_returns", {"pool": "p"})
+
+    a, b = "10.0.0.1:8000", "10.0.0.1:8001"
+    keys.logged(entry("x", port=8000))  # first
+    keys.logged(entry("x", port=8000))  # returned
+    keys.logged(entry("x", port=8001))  # moved: first on b
+    keys.logged(entry("x", port=None))  # spilled: not counted
+    keys.logged(entry("y", cluster="q/session"))
+    assert keys.return_shares() == {"p": {a: 0.5, b: 0.0}, "q": {a: 0.0}}
+    clock.now += 10.0
+    keys.logged(entry("x", port=8001))  # returned to b, worth twice its first
+    assert keys.return_shares()["p"][b] == pytest.approx(1 / (0.5 + 1))
+    keys.snapshot()
+    # a's sums (1 of 2) and b's (1 of 1.5), a's decayed by half since.
+    assert gauge() == pytest.approx((0.5 + 1) / (1 + 1.5))
+    # Forgotten with the keys: no share, and no gauge.
+    clock.now += 10_000.0
+    keys.snapshot()
+    assert keys.return_shares() == {} and gauge() is None
+
+
+def test_the_endpoints_with_returns_are_bounded_per_pool() -> None:
+    keys = store(Clock(), max_keys=2)
+    for port in (8000, 8001, 8002):
+        keys.logged(entry(f"k{port}", port=port))
+    assert set(keys.return_shares()["p"]) == {"10.0.0.1:8001", "10.0.0.1:8002"}
+
+
 def test_pools_come_from_session_clusters_with_or_without_a_band() -> None:
     keys = store(Clock())
     keys.logged(entry("a", cluster="p/session/critical"))
@@ -198,8 +236,9 @@ def test_a_new_key_or_a_moved_key_bumps_the_revision_and_tells_the_subscriber() 
 
 
 def test_bounds_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="positive"):
-        store(Clock(), half_life_s=0)
+    for bound in ("half_life_s", "return_half_life_s", "max_keys"):
+        with pytest.raises(ValueError, match="positive"):
+            store(Clock(), **{bound: 0})
     assert math.isfinite(store(Clock(), max_keys=1)._decay)
 
 
@@ -225,6 +264,22 @@ def test_the_controllers_counts_are_the_same_object_until_keys_are_logged() -> N
     assert counts() is again, "logged, but within the refresh interval"
     keys.logged(entry("bob"))
     assert key_hash("bob") in counts()["p"], "a new key: at once"
+
+
+def test_the_controllers_return_shares_are_read_with_the_own_keys() -> None:
+    """LoggedKeyCounts.returns: the own Envoys' return shares, the same object until the
+    own keys are read anew (a new key at once, else every refresh interval)."""
+    clock = Clock()
+    keys = store(clock)
+    counts = LoggedKeyCounts(keys, clock=clock, refresh_s=2.0)
+    assert counts.returns() == {}
+    keys.logged(entry("alice"))
+    first = counts.returns()
+    assert first == {"p": {"10.0.0.1:8000": 0.0}} and counts.returns() is first
+    keys.logged(entry("alice"))
+    assert counts.returns() is first, "within the refresh interval"
+    clock.now += 2.0
+    assert counts.returns()["p"]["10.0.0.1:8000"] == pytest.approx(0.5, rel=0.1)
 
 
 def test_peers_keys_are_added_to_the_own_and_the_own_alone_is_reported() -> None:

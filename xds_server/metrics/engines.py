@@ -125,6 +125,7 @@ class LogicalMetric(enum.StrEnum):
     PROMPT_TOKENS = "prompt_tokens"
     GENERATION_TOKENS = "generation_tokens"
     REQUESTS_FINISHED = "requests_finished"
+    REQUESTS_PREFILLED = "requests_prefilled"
 
 
 CapacityUnit = Literal["tokens", "blocks"]
@@ -191,6 +192,10 @@ class PodMetrics:
     # Requests the engine finished, cumulative (None when not exported): with the prefix
     # cache's hits, the prompt tokens its cache saves per request.
     requests_finished: float | None = None
+    # Requests the engine prefilled (gave a first token), cumulative: the count of its
+    # time-to-first-token histogram. Counted when the prefix cache's hits are, so it is
+    # the better denominator for them (metrics/store.py); None when not exported.
+    requests_prefilled: float | None = None
 
 
 def _n(name: str, **labels: str) -> tuple[MetricName, ...]:
@@ -222,6 +227,7 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         _L.PROMPT_TOKENS: _n("vllm:prompt_tokens_total"),
         _L.GENERATION_TOKENS: _n("vllm:generation_tokens_total"),
         _L.REQUESTS_FINISHED: _n("vllm:request_success_total"),
+        _L.REQUESTS_PREFILLED: _n("vllm:time_to_first_token_seconds_count"),
     },
     EngineKind.SGLANG: {
         _L.WAITING: _n("sglang:num_queue_reqs"),
@@ -238,6 +244,7 @@ _DEFAULTS: Mapping[EngineKind, Mapping[LogicalMetric, tuple[MetricName, ...]]] =
         _L.PROMPT_TOKENS: _n("sglang:prompt_tokens_total"),
         _L.GENERATION_TOKENS: _n("sglang:generation_tokens_total"),
         _L.REQUESTS_FINISHED: _n("sglang:num_requests_total"),
+        _L.REQUESTS_PREFILLED: _n("sglang:time_to_first_token_seconds_count"),
     },
     # TGI exports no KV-cache use or size (module docstring).
     EngineKind.TGI: {
@@ -344,6 +351,10 @@ class EngineAdapter:
             ),
             requests_finished=_counter(
                 LogicalMetric.REQUESTS_FINISHED, found.get(LogicalMetric.REQUESTS_FINISHED, none)
+            ),
+            requests_prefilled=_counter(
+                LogicalMetric.REQUESTS_PREFILLED,
+                found.get(LogicalMetric.REQUESTS_PREFILLED, none),
             ),
             tokens_processed=_sum_known(
                 _counter(metric, found.get(metric, none))

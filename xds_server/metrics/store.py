@@ -20,9 +20,13 @@ kept per pod (a string id such as "10.0.0.1:8000"):
   copes with irregular scrape intervals. A counter that goes down means the engine
   restarted: its new value is the increase since then, as Prometheus's `rate()` counts it.
   With no new prompt tokens the rate stays at its last value; it is None until a second
-  scrape has shown prompt tokens. The same window over the engine's finished requests
-  gives the prompt tokens its cache saved per request (`cached_tokens_per_request`:
-  hits over requests), which says whether keeping keys on their pods pays;
+  scrape has shown prompt tokens. The same window over the engine's prefilled requests
+  (its time-to-first-token histogram's count; its finished requests where it has no such
+  histogram) gives the prompt tokens its cache saved per request
+  (`cached_tokens_per_request`: hits over requests), which says whether keeping keys on
+  their pods pays. Prefilled, because hits are counted at the prefill: over finished
+  requests, a young pod whose requests are long (scenario h's agents run 20 s and more)
+  reads two or three times what it saves;
 - whether the pod has given a page since it (re)started (a new pod, or one whose scrape
   could not connect since its last page: its process went away) and, while it has not,
   whether it answers its health check (`record_health`), since when: its probation
@@ -110,6 +114,8 @@ class _Pod:
         "rate",
         "rate_at",
         "requests",
+        "requests_hits_window",
+        "requests_prefilled",
         "requests_window",
         "saved_per_request",
         "scraped_at",
@@ -126,8 +132,10 @@ class _Pod:
         self.hits_window = 0.0  # decayed sums of the increases
         self.queries_window = 0.0
         self.rate: float | None = None
-        self.requests: float | None = None  # finished requests at the last scrape
+        self.requests: float | None = None  # requests at the last scrape
+        self.requests_prefilled = False  # whether those were prefilled, else finished
         self.requests_window = 0.0
+        self.requests_hits_window = 0.0  # the hits since the requests' baseline
         self.saved_per_request: float | None = None
         # The engine's tokens processed at the last scrape, and when they last moved (or
         # it ran nothing, or does not say).
@@ -267,10 +275,12 @@ class MetricsStore:
     def _update_rate(self, pod: _Pod, metrics: PodMetrics, now: float) -> None:
         hits = metrics.prefix_cache_hits_tokens
         queries = metrics.prefix_cache_queries_tokens
-        requests = metrics.requests_finished
+        prefilled = metrics.requests_prefilled is not None
+        requests = metrics.requests_prefilled if prefilled else metrics.requests_finished
         if hits is None or queries is None:
             pod.hits = pod.queries = pod.rate = pod.requests = pod.saved_per_request = None
             pod.hits_window = pod.queries_window = pod.requests_window = 0.0
+            pod.requests_hits_window = 0.0
             return
         if pod.hits is not None and pod.queries is not None:
             if hits < pod.hits or queries < pod.queries:  # the engine restarted
@@ -284,20 +294,26 @@ class MetricsStore:
             # would move its last bits, and an idle pod would look changed every scrape).
             if new_queries > 0 and pod.queries_window > 0:
                 pod.rate = min(1.0, max(0.0, pod.hits_window / pod.queries_window))
-            _update_saved(pod, requests, decay)
+            # Another counter than the last scrape's (a config naming it anew): a new baseline.
+            same = prefilled == pod.requests_prefilled
+            _update_saved(pod, requests if same else None, new_hits, decay)
         pod.hits, pod.queries, pod.requests, pod.rate_at = hits, queries, requests, now
+        pod.requests_prefilled = prefilled
 
 
-def _update_saved(pod: _Pod, requests: float | None, decay: float) -> None:
-    """The window's cached prompt tokens per finished request (module docstring), after
-    the hits window took this scrape's increase."""
+def _update_saved(pod: _Pod, requests: float | None, new_hits: float, decay: float) -> None:
+    """The window's cached prompt tokens per request (module docstring), with this
+    scrape's increase of the hits. The hits are summed again from the requests' baseline,
+    so that hits whose requests were never counted do not count."""
     if requests is None or pod.requests is None:
-        pod.requests_window, pod.saved_per_request = 0.0, None
+        pod.requests_window = pod.requests_hits_window = 0.0
+        pod.saved_per_request = None
         return
     new_requests = requests if requests < pod.requests else requests - pod.requests
     pod.requests_window = pod.requests_window * decay + new_requests
+    pod.requests_hits_window = pod.requests_hits_window * decay + new_hits
     if new_requests > 0:
-        pod.saved_per_request = pod.hits_window / pod.requests_window
+        pod.saved_per_request = pod.requests_hits_window / pod.requests_window
 
 
 def _stalled_s(pod: _Pod) -> float:

@@ -20,6 +20,18 @@ The rule, per pool with session affinity:
   their caches save then is what any pod saves, so a figure that rises there says the
   prefixes are long, and sticking can only save more.
 
+A key's first request misses wherever it goes, so a fresh fleet (cold caches, every key
+new) reads as short prefixes: on c@more-prefixes (64 groups of 3,072-token prefixes), a
+new fleet's first requests were mostly first requests, and the keys were suspended there
+at 7.9 s, their hits falling from about 80% to 30%. So while sticky, each pod's figure is
+taken per return, the saving sticking is about: divided by the share of the keyed
+requests it was sent that returned to it, their key last served by it (`returns`, from
+the session-key log: xds/session_keys.py, whose sums start with the pod as its hits do).
+A pod none returned to says nothing, and while no pod says, nothing is judged. On h,
+whose returns save at most their 256-token prefix, the figure stays under the minimum,
+and the keys are suspended as before. While suspended it is not divided: keys spread by
+load return to a pod by chance, and what the caches save then is what any pod saves.
+
 A pool whose pods export no request counter (TGI, Triton) stays sticky.
 
 Pure: the last call's memory comes in, the next goes out.
@@ -34,7 +46,12 @@ from xds_server.policy.reasons import Reason
 from xds_server.policy.signals import PodSignals
 from xds_server.tuning import Tuning
 
-__all__ = ["Affinity", "AffinityMemory", "affinity", "cached_tokens_per_request"]
+__all__ = [
+    "Affinity",
+    "AffinityMemory",
+    "affinity",
+    "cached_tokens_per_request",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,19 +71,30 @@ class Affinity:
 
 
 def cached_tokens_per_request(
-    healthy: Sequence[str], fresh: Mapping[str, PodSignals]
+    healthy: Sequence[str],
+    fresh: Mapping[str, PodSignals],
+    returns: Mapping[str, float] | None = None,
 ) -> float | None:
     """The pool's prompt tokens saved per request by the prefix cache: the pods' figures,
-    weighted by what each holds (running plus waiting, at least one); None when no pod says."""
-    known = [
-        (s.cached_tokens_per_request, s.running + s.waiting)
-        for key in healthy
-        if (s := fresh.get(key)) is not None and s.cached_tokens_per_request is not None
-    ]
+    weighted by what each holds (running plus waiting, at least one); None when no pod says.
+    With `returns` (per pod, the share of its keyed requests that returned to it), per
+    return: a pod's figure over its share, a pod with a share of zero saying nothing (one
+    the log has no word of is taken per request)."""
+    known: list[tuple[float, float]] = []
+    for key in healthy:
+        signals = fresh.get(key)
+        if signals is None or signals.cached_tokens_per_request is None:
+            continue
+        saved = signals.cached_tokens_per_request
+        share = returns.get(key) if returns is not None else None
+        if share is not None:
+            if share <= 0:
+                continue
+            saved /= share
+        known.append((saved, max(1.0, signals.running + signals.waiting)))
     if not known:
         return None
-    weights = [max(1.0, load) for _, load in known]
-    return sum(saved * w for (saved, _), w in zip(known, weights, strict=True)) / sum(weights)
+    return sum(saved * w for saved, w in known) / sum(w for _, w in known)
 
 
 def affinity(
@@ -74,11 +102,17 @@ def affinity(
     fresh: Mapping[str, PodSignals],
     memory: AffinityMemory,
     tuning: Tuning,
+    returns: Mapping[str, float] | None = None,
 ) -> Affinity:
-    """The pool's affinity after this decision (module docstring)."""
-    saved = cached_tokens_per_request(healthy, fresh)
+    """The pool's affinity after this decision (module docstring); `returns` is, per pod,
+    the share of the keyed requests it was sent that returned to it (None: unknown, the
+    figure taken per request)."""
+    per_request = cached_tokens_per_request(healthy, fresh)
     busy = sum(s.running + s.waiting for k in healthy if (s := fresh.get(k)) is not None)
     minimum = tuning.affinity_min_cached_tokens
+    saved = per_request
+    if not memory.suspended and returns is not None:
+        saved = cached_tokens_per_request(healthy, fresh, returns)
     if saved is None or busy < tuning.home_min_load * max(1, len(healthy)):
         argues = False  # no word, or an idle pool: nothing to learn from
     elif memory.suspended:
@@ -91,7 +125,7 @@ def affinity(
         suspended, streak = not suspended, 0
     reason = None
     if suspended:
-        figure = "unknown" if saved is None else f"{saved:.0f}"
+        figure = "unknown" if per_request is None else f"{per_request:.0f}"
         reason = Reason(
             "affinity_suspended",
             f"the prefix cache saves {figure} prompt tokens per request, under {minimum:.0f}:"

@@ -108,6 +108,8 @@ class DecisionInputs:
     `followed_homes`, per session pool, the ring-weight factors of the replica this one
     follows (homes.followed_homes; empty when it places its own); `served_by`, per pool,
     the pod (endpoint id) each key its own Envoys logged was last served by (buckets.py);
+    `key_returns`, per pool, per pod, the share of the keyed requests it was sent that
+    returned to it (affinity.py; absent: not known);
     `followed_buckets`, per pool that keeps key buckets, the table of the replica this
     one follows (empty when it keeps its own).
     """
@@ -118,6 +120,7 @@ class DecisionInputs:
     session_keys: Mapping[str, Mapping[int, float]] = field(default_factory=dict)
     followed_homes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     served_by: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
+    key_returns: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     followed_buckets: Mapping[str, FollowedBuckets] = field(default_factory=dict)
 
 
@@ -225,6 +228,7 @@ class Decider:
         session_keys = inputs.session_keys.get(pool.name)
         followed = inputs.followed_homes.get(pool.name)
         served_by = inputs.served_by.get(pool.name)
+        key_returns = inputs.key_returns.get(pool.name)
         followed_table = inputs.followed_buckets.get(pool.name)
         key: _ScoringKey = (
             pool,
@@ -236,6 +240,7 @@ class Decider:
             session_keys,
             followed,
             served_by,
+            key_returns,
             followed_table,
             previous,
         )
@@ -259,6 +264,7 @@ class Decider:
             keys=previous.affinity,
             buckets=previous.buckets,
             served_by=served_by,
+            key_returns=key_returns,
             followed_table=followed_table,
             draining={endpoint_id(e) for e in pool.endpoints if e.draining},
             tuning=config.tuning(pool),

@@ -207,6 +207,7 @@ def score_pool(
     keys: AffinityMemory = _STICKY,
     buckets: BucketMemory = _NO_BUCKETS,
     served_by: Mapping[int, str] | None = None,
+    key_returns: Mapping[str, float] | None = None,
     followed_table: FollowedBuckets | None = None,
     tuning: Tuning = _DEFAULT_TUNING,
 ) -> ScoredPool:
@@ -214,7 +215,9 @@ def score_pool(
 
     `memory`, `placement`, `adapter_activity`, `spilled`, `homes`, `keys` (affinity) and
     `buckets` are the previous call's; `served_by` the pod each logged key was last
-    served by (endpoint ids, where the Envoys said: buckets.py pins by it);
+    served by (endpoint ids, where the Envoys said: buckets.py pins by it); `key_returns`
+    per pod the share of the keyed requests it was sent that returned to it (affinity.py;
+    None: not known);
     `followed_table` the key buckets of the replica this one follows (None: its own);
     `session_keys` the hashes of the session keys the Envoys logged and their recent
     requests (homes.py places them; None: none logged)
@@ -287,7 +290,7 @@ def score_pool(
             offer_width=tuning.key_offer_width,
             spare_slack=tuning.key_spare_slack,
         )
-    sticks = _affinity(pool, pods, keys, settings, tuning)
+    sticks = _affinity(pool, pods, keys, settings, tuning, key_returns)
     suspended = sticks.reason if sticks is not None else None
     states = []
     for endpoint in pool.endpoints:
@@ -332,13 +335,14 @@ def _affinity(
     memory: AffinityMemory,
     settings: BalancingConfig,
     tuning: Tuning,
+    key_returns: Mapping[str, float] | None,
 ) -> Affinity | None:
     """Whether a session pool's keys stick (affinity.py). Only where their requests can be
     passed on to the pool's cluster (`spill_to: pool`, the spill listener): with `ring`
     there is nowhere else to send them."""
     if not pool.session_affinity or settings.spill_to != "pool":
         return None
-    return affinity(pods.healthy, pods.fresh, memory, tuning)
+    return affinity(pods.healthy, pods.fresh, memory, tuning, key_returns)
 
 
 def _ring_base(

@@ -169,6 +169,13 @@ class Telemetry:
             ["pool"],
             registry=r,
         )
+        self.session_key_returns = Gauge(
+            "xds_session_key_returns",
+            "Share of the pool's recent keyed requests (half-life 10 s) that went back to the"
+            " pod their key was last served by: what affinity's figure is judged per.",
+            ["pool"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "xds_event_loop_lag_seconds",
             "How late a periodic timer fires on the server's event loop: how long the loop"

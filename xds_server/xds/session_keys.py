@@ -9,7 +9,13 @@ once, when the stream to the pod is established (UpstreamPoolReady), with the he
 value. `SessionKeys` hashes the value at once: the key itself is never kept nor logged.
 
 Per pool it keeps, for each key hash, a count of its requests that halves every
-`half_life_s`, and the endpoint ("address:port") it was last served by. A request that
+`half_life_s`, and the endpoint ("address:port") it was last served by; and per endpoint,
+the share of the keyed requests it was sent that returned to it, their key last served
+by it too (`return_shares`: two sums that halve every `return_half_life_s`, as the pod's
+prefix hits do in metrics/store.py, and start with the pod as its hits do). Only a
+return can find the key's prefix in a cache: a key's first request, and its first on
+another pod, cannot (policy/affinity.py). A spilled request, whose pod is not known, is
+no return and not counted. A request that
 went to a spilling pod's internal listener counts, but does not change where the key was
 last seen: Envoy 1.40 logs its upstream address as the listener (`envoy_internal_address`,
 its `endpoint_id` the spilling pod's ring key, which is its name when it has one), not as
@@ -17,7 +23,9 @@ the pod that served it. Bounds, so that an Envoy (or a client inventing keys) ca
 the server hold much: at most `max_keys` keys per pool (over it, the smallest counts go,
 down to 7/8 of it, so that a flood of new keys costs one sort per `max_keys / 8` keys; the
 key just seen always stays), a key unseen for `forget_after_s` is dropped, and a header
-value over `max_key_bytes` is not taken. Only clusters this server pushed count.
+value over `max_key_bytes` is not taken; at most `max_keys` endpoints' returns per pool
+(over it, the longest unseen go), forgotten as keys are. Only clusters this server pushed
+count.
 
 `SessionKeyStream` is one ALS stream's state (no I/O); access_logs.AccessLogServer moves
 the messages and sends each stream here or to the long prompts by its log name.
@@ -66,6 +74,16 @@ class _Key:
     endpoint: str | None
 
 
+@dataclass
+class _Returns:
+    """The keyed requests an endpoint was sent and those of them that returned to it (their
+    key last served by it), both decayed to `at`."""
+
+    requests: float
+    returned: float
+    at: float
+
+
 class SessionKeys:
     """Key hashes per pool, fed by the session-key log.
 
@@ -87,9 +105,13 @@ class SessionKeys:
         forget_after_s: float = 600.0,
         max_keys: int = 1_024,
         max_key_bytes: int = 1_024,
+        return_half_life_s: float = 10.0,
     ) -> None:
-        if half_life_s <= 0 or forget_after_s <= 0 or max_keys < 1 or max_key_bytes < 1:
-            raise ValueError("session keys: half-life, forget time and bounds must be positive")
+        if (
+            min(half_life_s, forget_after_s, return_half_life_s) <= 0
+            or min(max_keys, max_key_bytes) < 1
+        ):
+            raise ValueError("session keys: half-lives, forget time and bounds must be positive")
         self._header = header
         self._pool_of = pool_of
         self._telemetry = telemetry
@@ -99,7 +121,9 @@ class SessionKeys:
         self._forget_after_s = forget_after_s
         self._max_keys = max_keys
         self._max_key_bytes = max_key_bytes
+        self._return_decay = math.log(2) / return_half_life_s
         self._pools: dict[str, dict[int, _Key]] = {}
+        self._returns: dict[str, dict[str, _Returns]] = {}
         self._on_change: Callable[[Set[str]], None] | None = None
         self.revision = 0
         self.entries = 0
@@ -135,6 +159,9 @@ class SessionKeys:
         now = self._clock()
         keys = self._pools.setdefault(pool, {})
         key = keys.get(hashed)
+        if endpoint is not None:
+            returned = key is not None and endpoint == key.endpoint
+            self._count_return(pool, endpoint, returned, now)
         if key is None:
             keys[hashed] = _Key(1.0, now, endpoint)
             if len(keys) > self._max_keys:
@@ -147,6 +174,32 @@ class SessionKeys:
         if endpoint is not None and endpoint != key.endpoint:
             key.endpoint = endpoint
             self._changed(pool)
+
+    def _count_return(self, pool: str, endpoint: str, returned: bool, now: float) -> None:
+        tallies = self._returns.setdefault(pool, {})
+        tally = tallies.get(endpoint)
+        if tally is None:
+            tallies[endpoint] = _Returns(1.0, float(returned), now)
+            if len(tallies) > self._max_keys:
+                del tallies[min(tallies, key=lambda e: tallies[e].at)]
+            return
+        decay = self._return_decay_since(tally, now)
+        tally.requests = tally.requests * decay + 1.0
+        tally.returned = tally.returned * decay + float(returned)
+        tally.at = now
+
+    def _return_decay_since(self, tally: _Returns, now: float) -> float:
+        return math.exp(-self._return_decay * max(0.0, now - tally.at))
+
+    def return_shares(self) -> Mapping[str, Mapping[str, float]]:
+        """Per pool, per endpoint, the share of the recent keyed requests (decayed) it was
+        sent that returned to it: a read-only copy. Forgotten with the keys."""
+        return MappingProxyType(
+            {
+                pool: MappingProxyType({e: t.returned / t.requests for e, t in tallies.items()})
+                for pool, tallies in self._returns.items()
+            }
+        )
 
     def _evict(self, keys: dict[int, _Key], now: float, new: int) -> None:
         """Drop the smallest counts (the older of equal ones), never the key just seen."""
@@ -177,7 +230,8 @@ class SessionKeys:
         pools: dict[str, Mapping[int, KeySeen]] = {}
         for pool, keys in list(self._pools.items()):
             self._forget(keys, at)
-            self._gauge(pool)
+            self._forget_returns(pool, at)
+            self._gauge(pool, at)
             if not keys:
                 del self._pools[pool]
                 continue
@@ -186,8 +240,25 @@ class SessionKeys:
             )
         return MappingProxyType(pools)
 
-    def _gauge(self, pool: str) -> None:
+    def _forget_returns(self, pool: str, now: float) -> None:
+        tallies = self._returns.get(pool, {})
+        since = now - self._forget_after_s
+        for endpoint in [e for e, tally in tallies.items() if tally.at < since]:
+            del tallies[endpoint]
+        if not tallies and self._returns.pop(pool, None) is not None:
+            self._telemetry.session_key_returns.remove(pool)
+
+    def _gauge(self, pool: str, now: float | None = None) -> None:
         self._telemetry.session_keys.labels(pool).set(len(self._pools.get(pool, {})))
+        tallies = self._returns.get(pool)
+        if now is None or not tallies:
+            return
+        # Over the pool's endpoints, each one's sums decayed to now: a gone pod fades out.
+        decays = [(t, self._return_decay_since(t, now)) for t in tallies.values()]
+        requests = sum(t.requests * d for t, d in decays)
+        if requests > 0:
+            returned = sum(t.returned * d for t, d in decays)
+            self._telemetry.session_key_returns.labels(pool).set(returned / requests)
 
     def _changed(self, pool: str) -> None:
         self.revision += 1
