@@ -6,7 +6,7 @@ to zero: on scenario h, the heavy users' pods ran 30-40 of 48 while the others r
 Where the cached prefix is short, the saving is small whatever the placement: on h, whose
 users' prefixes are 256 tokens, round robin beat always-sticky keys, because every pod
 caches every such prefix anyway (bench/results/affinity-pays/NOTES.md). What the cache
-saves per request is measured, not assumed: the pods' prefix-cache hits per finished
+saves per request is measured, not assumed: the pods' prefix-cache hits per prefilled
 request over the hit-rate window (metrics/store.py), averaged over the pool's pods
 weighted by what each holds.
 

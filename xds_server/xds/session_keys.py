@@ -14,9 +14,9 @@ the share of the keyed requests it was sent that returned to it, their key last 
 by it too (`return_shares`: two sums that halve every `return_half_life_s`, as the pod's
 prefix hits do in metrics/store.py, and start with the pod as its hits do). Only a
 return can find the key's prefix in a cache: a key's first request, and its first on
-another pod, cannot (policy/affinity.py). A spilled request, whose pod is not known, is
-no return and not counted. A request that
-went to a spilling pod's internal listener counts, but does not change where the key was
+another pod, cannot (policy/affinity.py); a spilled request, whose pod is not known, is
+left out of these shares. A request that went to a spilling pod's internal listener counts
+towards its key's requests, but does not change where the key was
 last seen: Envoy 1.40 logs its upstream address as the listener (`envoy_internal_address`,
 its `endpoint_id` the spilling pod's ring key, which is its name when it has one), not as
 the pod that served it. Bounds, so that an Envoy (or a client inventing keys) cannot make

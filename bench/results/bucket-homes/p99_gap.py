@@ -1,7 +1,8 @@
 """c's pooled P95 / P99 TTFT, project against sticky_least_loaded, seeds 4-13, and how sure.
 
-(And c@more-prefixes, seeds 4-8, with the cold-start rule for affinity that NOTES.md
-describes, tried and not kept.)
+(And c@more-prefixes, seeds 4-8: with the cold-start rule for affinity that NOTES.md
+describes, tried and not kept; and with affinity judged per return, in two runs of the
+same placement and one with `key_spare_slack` 1, each beside the router; and c96.)
 
 Reads the kept runs' traces (requests after the 16 s warm-up). With hash homes: the
 project's from bounded-load's c-seeds-4-8-off and c-seeds-9-13-off, the router's from
@@ -63,6 +64,15 @@ def main() -> None:
         dict.fromkeys(FIRST, HERE / "width1-c-more-prefixes-seeds-4-8"),
         scenario=more,
     )
+    for run in (
+        "returns-c-more-prefixes-seeds-4-8",
+        "per-finished-c-more-prefixes-seeds-4-8",
+        "returns-slack1-c-more-prefixes-seeds-4-8",
+    ):
+        runs = dict.fromkeys(FIRST, HERE / run)
+        report(f"{more}, affinity per return ({run})", runs, runs, scenario=more)
+    runs = dict.fromkeys(FIRST, HERE / "returns-c96-seeds-4-8")
+    report("c96, affinity per return", runs, runs, scenario="c96")
 
 
 def report(
