@@ -46,12 +46,7 @@ from xds_server.policy.reasons import Reason
 from xds_server.policy.signals import PodSignals
 from xds_server.tuning import Tuning
 
-__all__ = [
-    "Affinity",
-    "AffinityMemory",
-    "affinity",
-    "cached_tokens_per_request",
-]
+__all__ = ["Affinity", "AffinityMemory", "affinity", "cached_tokens_per_request"]
 
 
 @dataclass(frozen=True, kw_only=True)
