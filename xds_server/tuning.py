@@ -311,25 +311,29 @@ class Tuning(BaseModel):
         " buckets' own hashes give (11% a pod)",
     )
     key_offer_width: int = _knob(
-        1,
+        1024,
         ge=1,
         le=1024,
         unit="spares",
         meaning="With key buckets, each bucket no pod holds is offered to this many spares"
-        " (the next on the ring), and a new key's requests go to the one of them with fewer"
-        " in flight until its first is logged: with one, a burst of one new key stays on one"
-        " pod, but new keys that arrive together queue on one spare as often as they share"
-        " it; with every spare, each request of a new key may land on another.",
-        evidence="bench/results/bucket-homes/NOTES.md",
+        " (the next on the ring; all of them when there are fewer), and a new key's requests"
+        " go to the one of them with the fewest in flight until its first is logged: with"
+        " every spare, new keys that arrive together spread as a router's would, at the cost"
+        " of a new key's second request landing elsewhere now and then; with one, a burst of"
+        " one new key stays on one pod, but new keys that arrive together queue on one spare"
+        " as often as they share it.",
+        evidence='bench/results/bucket-homes/NOTES.md, "New keys by fewest in flight"',
     )
     key_spare_slack: float = _knob(
-        0.0,
-        le=100.0,
+        100.0,
+        le=1_000.0,
         unit="mean keys",
         meaning="With key buckets, a pod takes new keys while its pinned keys weigh at most"
-        " its capacity share plus this many mean keys: more spares, so fewer new keys that"
-        " arrive together are offered to the same pod, at the cost of that much evenness.",
-        evidence="bench/results/bucket-homes/NOTES.md",
+        " its capacity share plus this many mean keys: at 0, only the pods at or under their"
+        " share take new keys, often one at a time, which then takes every new key that"
+        " arrives together; at 100, every pod short of a hundred mean keys over its share (on"
+        " the benchmark, every pod that does not spill), and the requests in flight choose.",
+        evidence='bench/results/bucket-homes/NOTES.md, "New keys by fewest in flight"',
     )
     home_step_span: float = _knob(
         3.0,

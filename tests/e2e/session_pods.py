@@ -1,10 +1,11 @@
 """Model server doubles for the session-key tests through a real Envoy
 (test_session_spill.py, test_key_homes.py): a vLLM-style page with a settable queue and
 batch, optionally prefix-cache and request counters, and a chat endpoint that says which
-pod answered."""
+pod answered and can be held."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -57,12 +58,16 @@ _UNCACHED_TOKENS = 300
 
 class Pod:
     """`waiting` and `running` as set; with `saved` set, counters that grow at every scrape
-    by requests finished and `saved` cached prompt tokens for each."""
+    by requests finished and `saved` cached prompt tokens for each. Chat requests count in
+    `arrived`, and wait while `released` is clear."""
 
     def __init__(self, *, running: int = 1, saved: int | None = None) -> None:
         self.waiting, self.running, self.port = 0, running, 0
         self.saved = saved
         self.finished = self.hits = self.queries = 0
+        self.arrived = 0
+        self.released = asyncio.Event()
+        self.released.set()
 
     def _page(self) -> str:
         page = _PAGE.format(waiting=self.waiting, running=self.running)
@@ -78,6 +83,8 @@ class Pod:
 
     async def _chat(self, request: web.Request) -> web.Response:
         await request.read()
+        self.arrived += 1
+        await self.released.wait()
         body = {"object": "chat.completion", "choices": [], "model": "m"}
         return web.json_response(body, headers={POD_HEADER: str(self.port)})
 

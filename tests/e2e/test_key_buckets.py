@@ -2,7 +2,9 @@
 
 - Keys arriving one by one (18) are homed at first sight on the pods with the fewest, and each
   stays on its pod: no pod ends more than one key off another, and no key moves; every
-  bucket no pod holds is offered.
+  bucket no pod holds is offered (with `key_spare_slack` 0).
+- New keys that arrive together, each while the others are in flight, go to different
+  pods (the defaults: every pod not spilling takes new keys, by fewest in flight).
 - A pod that stops serving loses its keys to the others, with no request lost; once
   there, each key stays where it landed.
 - A replica without Envoys of its own pins the keys its peer's Envoy logged where that
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import Counter
 from pathlib import Path
@@ -34,12 +37,19 @@ def _pinned(gateway: LocalGateway, user: str) -> bool:
 async def test_keys_are_homed_at_first_sight_on_the_pods_with_fewest_and_stay(
     tmp_path: Path,
 ) -> None:
+    """With `key_spare_slack` 0, only the pods at or under their share of the keys take
+    new ones."""
     async with contextlib.AsyncExitStack() as stack:
         pods = [
             await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
         ]
         gateway, http = await session_gateway(
-            stack, pods, tmp_path, key_homes="buckets", key_buckets=BUCKETS
+            stack,
+            pods,
+            tmp_path,
+            key_homes="buckets",
+            key_buckets=BUCKETS,
+            advanced={"key_spare_slack": 0},
         )
         users = []
         for n in range(300):
@@ -149,3 +159,42 @@ async def test_a_replica_pins_the_keys_its_peers_envoy_served_and_the_peer_follo
         # The leader's own Envoys logged nothing: the keys and their pods came from its peer.
         assert other.logged_keys.own() == {}
         assert set(other.logged_keys()["gpu"]) == {key_hash(u) for u in users}
+
+
+async def test_new_keys_that_arrive_together_go_to_the_pods_with_fewest_in_flight(
+    tmp_path: Path,
+) -> None:
+    """Three rounds of three new keys, each sent while the ones before it are still in
+    flight (the pods hold them): each round's keys land on three pods. The spares' least
+    request scans them all; with two random choices, or a bucket offered to one spare, a
+    round lands two keys on one pod about half the time or more."""
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
+        ]
+        gateway, http = await session_gateway(
+            stack, pods, tmp_path, key_homes="buckets", key_buckets=BUCKETS
+        )
+        await served(http, gateway.url, "warm-up")
+        buckets = {key_hash("warm-up") % BUCKETS}
+        fresh = (f"user-{n}" for n in range(1_000))
+        for _ in range(3):
+            for pod in pods:
+                pod.released.clear()
+                stack.callback(pod.released.set)  # never left holding, even on failure
+            before = [pod.arrived for pod in pods]
+            arrived_before = sum(before)
+            in_flight = []
+            for sent in range(1, 4):
+                user = next(u for u in fresh if key_hash(u) % BUCKETS not in buckets)
+                buckets.add(key_hash(user) % BUCKETS)
+                in_flight.append(asyncio.create_task(served(http, gateway.url, user)))
+                await eventually(
+                    lambda n=sent, b=arrived_before: sum(p.arrived for p in pods) - b == n,
+                    within_s=20,
+                    what="the new key's request at a pod",
+                )
+            assert [p.arrived - b for p, b in zip(pods, before, strict=True)] == [1, 1, 1]
+            for pod in pods:
+                pod.released.set()
+            assert sorted(await asyncio.gather(*in_flight)) == sorted(p.port for p in pods)

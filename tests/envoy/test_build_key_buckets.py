@@ -14,6 +14,7 @@ from envoy.extensions.filters.http.set_metadata.v3 import set_metadata_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm_pb2,
 )
+from envoy.extensions.load_balancing_policies.least_request.v3 import least_request_pb2
 from envoy.extensions.load_balancing_policies.subset.v3 import subset_pb2
 from envoy.extensions.matching.input_matchers.consistent_hashing.v3 import (
     consistent_hashing_pb2,
@@ -117,9 +118,13 @@ def test_the_session_cluster_picks_by_bucket_and_sends_new_keys_to_the_spares() 
     assert subset.fallback_policy == subset_pb2.Subset.DEFAULT_SUBSET
     assert dict(subset.default_subset) == {names.KEY_SPARE_KEY: True}
     # Least request inside: it honours the retries' previous_priorities (a hashing
-    # balancer would draw a dead pod again).
+    # balancer would draw a dead pod again). It scans every pod of a subset: new keys that
+    # arrive together go to the spares with the fewest in flight, not two random ones.
     (child,) = subset.subset_lb_policy.policies
     assert child.typed_extension_config.name == "envoy.load_balancing_policies.least_request"
+    least_request = least_request_pb2.LeastRequest()
+    assert child.typed_extension_config.typed_config.Unpack(least_request)
+    assert least_request.selection_method == least_request_pb2.LeastRequest.FULL_SCAN
     # The pool's own cluster is not bucketed.
     assert _policy(clusters["chat"]).name != "envoy.load_balancing_policies.subset"
 

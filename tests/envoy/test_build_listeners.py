@@ -68,6 +68,16 @@ def _router(config: RoutingConfig) -> router_pb2.Router:
     return router
 
 
+def _upstream_logs(router: router_pb2.Router) -> dict[str, tuple[Any, Any]]:
+    """The router's upstream gRPC logs by log name: each with its config."""
+    logs = {}
+    for log in router.upstream_log:
+        grpc_log = als_pb2.HttpGrpcAccessLogConfig()
+        assert log.typed_config.Unpack(grpc_log)
+        logs[grpc_log.common_config.log_name] = (log, grpc_log)
+    return logs
+
+
 def test_the_router_logs_long_prompts_upstream_streams_to_this_server(
     config: RoutingConfig,
 ) -> None:
@@ -101,12 +111,7 @@ def test_with_session_affinity_the_router_logs_each_keyed_upstream_stream_once_i
 ) -> None:
     router = _router(affinity_config)
     assert router.upstream_log_options.flush_upstream_log_on_upstream_stream
-    logs = {}
-    for log in router.upstream_log:
-        grpc_log = als_pb2.HttpGrpcAccessLogConfig()
-        assert log.typed_config.Unpack(grpc_log)
-        logs[grpc_log.common_config.log_name] = (log, grpc_log)
-    log, grpc_log = logs[SESSION_KEY_LOG]
+    log, grpc_log = _upstream_logs(router)[SESSION_KEY_LOG]
     keyed, ready = log.filter.and_filter.filters
     assert keyed.header_filter.header.name == names.SESSION_HEADER
     assert keyed.header_filter.header.present_match
@@ -116,7 +121,12 @@ def test_with_session_affinity_the_router_logs_each_keyed_upstream_stream_once_i
     common = grpc_log.common_config
     assert common.grpc_service.envoy_grpc.cluster_name == names.XDS_CLUSTER
     assert 0 < common.buffer_size_bytes.value <= 1024 * 1024
-    assert common.buffer_flush_interval.ToMilliseconds() == 500
+    assert common.buffer_flush_interval.ToMilliseconds() == 100
+    # The interval is the config's.
+    slower = affinity_config.balancing.model_copy(update={"key_log_flush_s": 0.5})
+    router = _router(affinity_config.model_copy(update={"balancing": slower}))
+    _, grpc_log = _upstream_logs(router)[SESSION_KEY_LOG]
+    assert grpc_log.common_config.buffer_flush_interval.ToMilliseconds() == 500
 
 
 def test_json_to_metadata_always_writes_a_model(config: RoutingConfig) -> None:

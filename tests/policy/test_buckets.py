@@ -19,7 +19,8 @@ PODS = ("a:1", "b:1", "c:1", "d:1")
 BUCKETS = 256
 NO_PINS = BucketMemory()
 POINTS = Tuning().key_offer_points
-WIDTH = Tuning().key_offer_width
+# A width narrower than the pods, so that the ring's choice shows.
+WIDTH = 2
 
 
 def _key(bucket: int, n: int = 0) -> int:
@@ -82,6 +83,22 @@ def test_a_width_of_one_offers_each_bucket_to_one_pod_and_a_wide_one_to_all() ->
     assert {len(pods) for pods in narrow.values()} == {1}
     wide = _offered(_homes(None, None, width=len(PODS) + 3))
     assert set(wide.values()) == {frozenset(PODS)}
+
+
+def test_by_default_every_pod_not_spilling_takes_every_new_key() -> None:
+    """The defaults offer each bucket no pod holds to every pod that does not spill, even
+    one ahead of its share: Envoy sends the new key to the one with the fewest in flight."""
+    tuning = Tuning()
+    keys = {_key(3): 1.0, _key(7): 1.0, _key(9): 1.0}
+    table = _homes(
+        keys,
+        {_key(3): "a:1", _key(7): "a:1", _key(9): "a:1"},
+        spilling={"d:1"},
+        slack=tuning.key_spare_slack,
+        width=tuning.key_offer_width,
+    )
+    assert table.buckets == {"a:1": (3, 7, 9)}
+    assert set(_offered(table).values()) == {frozenset({"a:1", "b:1", "c:1"})}
 
 
 def test_buckets_no_pod_holds_are_offered_to_the_spares_only() -> None:
@@ -261,3 +278,23 @@ def test_a_slack_keeps_a_pod_a_key_ahead_among_the_spares() -> None:
     held_more = keys | {_key(bucket): 1.0}
     served_more = served | {_key(bucket): "a:1"}
     assert _homes(held_more, served_more, slack=1.0).spares == {"b:1", "c:1", "d:1"}
+
+
+def test_a_bucket_whose_pod_is_out_of_rotation_waits_on_one_spare() -> None:
+    """However wide the offers, a bucket pinned to a pod out of rotation is offered to
+    one spare, the same at each decision: its keys wait together for their pod, where
+    least request over several spares would send each of their requests elsewhere."""
+    memory = BucketMemory(pins={3: "c:1", 7: "a:1"})
+    keys = {_key(3): 4.0, _key(7): 4.0}
+    wide = len(PODS) + 3
+
+    def offered() -> dict[int, frozenset[str]]:
+        return _offered(
+            _homes(keys, {}, memory, healthy=("a:1", "b:1", "d:1"), width=wide, slack=100.0)
+        )
+
+    first = offered()
+    assert len(first[3]) == 1 and first[3] == offered()[3]
+    assert first[3] < {"a:1", "b:1", "d:1"}
+    # A bucket never pinned goes to every spare.
+    assert first[5] == frozenset({"a:1", "b:1", "d:1"})

@@ -36,8 +36,9 @@ One listener, one HTTP connection manager (HCM), and its HTTP filters:
    prompt, and when its prefill is over (xds/access_logs.py). When a pool has session
    affinity, a second upstream log sends the upstream stream of each request that carries
    names.SESSION_HEADER, once, when it is established (UpstreamPoolReady: not its end, nor
-   the periodic flushes of long prompts), with that header, in batches (log
-   SESSION_KEY_LOG): the server keeps the key's hash and the pod (xds/session_keys.py).
+   the periodic flushes of long prompts), with that header, in batches every
+   `balancing.key_log_flush_s` (log SESSION_KEY_LOG): the server keeps the key's hash and
+   the pod (xds/session_keys.py).
 
 Each request is logged as one JSON line (access_log.py, `listener.access_log`).
 
@@ -129,7 +130,6 @@ __all__ = [
     "ROUTER_FILTER",
     "SESSION_KEY_LOG",
     "SESSION_KEY_LOG_BUFFER_BYTES",
-    "SESSION_KEY_LOG_FLUSH_S",
     "STREAM_KEY",
     "UNAVAILABLE_RETRY_AFTER_S",
     "bounds_streams",
@@ -156,10 +156,9 @@ LONG_PROMPT_LOG = "long_prompts"
 LONG_PROMPT_LOG_INTERVAL_S = 0.1
 # The router's upstream log of keyed requests, batched: the session header of each request's
 # upstream stream, once, when the stream to the pod is established (xds/session_keys.py).
-# Envoy sends a batch every SESSION_KEY_LOG_FLUSH_S, or sooner once it holds
+# Envoy sends a batch every `balancing.key_log_flush_s`, or sooner once it holds
 # SESSION_KEY_LOG_BUFFER_BYTES.
 SESSION_KEY_LOG = "session_keys"
-SESSION_KEY_LOG_FLUSH_S = 0.5
 SESSION_KEY_LOG_BUFFER_BYTES = 64 * 1024
 
 # Set on the 429 of a full band (RFC 9110 10.2.3: delay in seconds), and on the 503s of a
@@ -282,6 +281,7 @@ def build_http_connection_manager(config: RoutingConfig) -> _Any:
         ),
         http_filters=_http_filters(
             sessions=any(p.session_affinity for p in config.pools),
+            key_log_flush_s=config.balancing.key_log_flush_s,
             prompts=any(p.session_affinity for p in config.pools)
             and config.balancing.prefix_key_bytes > 0,
             long_prompt_bytes=config.balancing.long_prompt_bytes
@@ -314,6 +314,7 @@ def bounds_streams(pool: PoolConfig) -> bool:
 def _http_filters(
     *,
     sessions: bool,
+    key_log_flush_s: float,
     prompts: bool,
     long_prompt_bytes: int | None,
     streams: bool,
@@ -359,7 +360,7 @@ def _http_filters(
             _protos.duration(LONG_PROMPT_LOG_INTERVAL_S)
         )
     if sessions:
-        router.upstream_log.append(_session_key_log())
+        router.upstream_log.append(_session_key_log(key_log_flush_s))
     if long_prompt_bytes is not None or sessions:
         router.upstream_log_options.flush_upstream_log_on_upstream_stream = True
     filters.append(hcm_pb2.HttpFilter(name=ROUTER_FILTER, typed_config=_protos.pack(router)))
@@ -396,13 +397,13 @@ def _long_prompt_log(long_prompt_bytes: int) -> _Any:
     )
 
 
-def _session_key_log() -> _Any:
-    """The upstream log of keyed requests, to this server over gRPC, batched: one entry per
-    upstream stream that carries names.SESSION_HEADER, when the stream to the pod is
-    established (UpstreamPoolReady; its end and the periodic flushes of long prompts are
-    left out), with the header's value."""
+def _session_key_log(flush_s: float) -> _Any:
+    """The upstream log of keyed requests, to this server over gRPC, in batches every
+    `flush_s`: one entry per upstream stream that carries names.SESSION_HEADER, when the
+    stream to the pod is established (UpstreamPoolReady; its end and the periodic flushes
+    of long prompts are left out), with the header's value."""
     common = _to_server(SESSION_KEY_LOG, SESSION_KEY_LOG_BUFFER_BYTES)
-    common.buffer_flush_interval.CopyFrom(_protos.duration(SESSION_KEY_LOG_FLUSH_S))
+    common.buffer_flush_interval.CopyFrom(_protos.duration(flush_s))
     config = grpc_als_pb2.HttpGrpcAccessLogConfig(
         common_config=common, additional_request_headers_to_log=[names.SESSION_HEADER]
     )

@@ -9,8 +9,8 @@ sticky_least_loaded, which homes a key at its first request
 
 With buckets, Envoy reads a table the server writes. Each keyed request carries its
 bucket, `xxHash64(key) % key_buckets` (envoy/_key_buckets.py); a bucket pinned to a pod
-goes there, and a bucket pinned nowhere goes to the spare it is offered to, one of the
-pods new keys go to (envoy/clusters.py, envoy/endpoints.py). Here:
+goes there, and a bucket pinned nowhere goes to the spares it is offered to, the pods new
+keys go to (envoy/clusters.py, envoy/endpoints.py). Here:
 
 - A bucket with a logged key and no pin is pinned to the pod in rotation its heaviest key
   was last served by (the Envoys log it, xds/session_keys.py): where its first request
@@ -21,23 +21,26 @@ pods new keys go to (envoy/clusters.py, envoy/endpoints.py). Here:
   decision, for good).
 - A pin stays while its pod is in the pool and the bucket has a logged key: no other
   key's arrival moves it. While its pod is out of rotation the bucket is not listed, so
-  its keys go to the spares (as Maglev sends them to the other pods), and they come back
+  its keys go to a spare (as Maglev sends them to the other pods), and they come back
   with the pod. A pod that leaves the pool loses its pins.
 - The spares are the pods whose pinned keys' load is at or under their share of the
-  ring's capacity (plus `Tuning.key_spare_slack` mean keys), those spilling aside
-  (unless all are): a pod ahead of its share takes no new key, as a router sends a key's
-  first request to the least loaded pod. Before any key, every pod is a spare. A key's
-  load is its recent requests plus `home_key_prior` times the mean key's, as in
-  homes.py: in a key's first seconds its count is noise (on scenario c without it, one
-  pod whose first four keys came back soonest took no new key for 13 s and ended with 5
-  of 32), while a key many times as busy as the others still weighs as several.
-- Every bucket not pinned to a pod in rotation is offered to one spare, by a ring of the
-  spares (`Tuning.key_offer_points` points): a new key's requests all reach one pod
-  before its first log pins the bucket there, where balancing each request over the
-  spares would spread a burst of a new key, and its prefix, over all of them. The ring
-  depends on the spares only, so every replica offers alike, and a spare that comes or
-  goes moves only the buckets of its arcs. A bucket listed nowhere (between pushes)
-  still goes to the spares (`key_spare`), by least request.
+  ring's capacity plus `Tuning.key_spare_slack` mean keys, those spilling aside (unless
+  all are). A key's load is its recent requests plus `home_key_prior` times the mean
+  key's, as in homes.py: in a key's first seconds its count is noise, while a key many
+  times as busy as the others still weighs as several. Before any key, every pod is a
+  spare. At the default slack (100 mean keys), every pod that does not spill is one: with
+  slack 0, a pod ahead of its share took no new key, which often left one spare, and the
+  new keys that arrived together queued on it (bench/results/bucket-homes/NOTES.md).
+- Every bucket not pinned to a pod in rotation is offered to `Tuning.key_offer_width`
+  spares (by default every one), the next on a ring of the spares
+  (`Tuning.key_offer_points` points), and Envoy sends each of its requests to the one
+  with the fewest in flight (least request, full scan: clusters.py) until its first is
+  logged and the bucket pinned: new keys that arrive together spread over the spares as
+  a router's would. A bucket pinned to a pod out of rotation is offered to the first of
+  them only: its keys wait for their pod together. The ring depends on the spares only,
+  so every replica offers alike, and a spare that comes or goes moves only the buckets
+  of its arcs. A bucket listed nowhere (between pushes) still goes to the spares
+  (`key_spare`), by least request.
 
 Pure: the memory of the last call comes in, the next goes out; no clock, no I/O. The work
 is one pass over the pool's logged keys (at most `max_keys`, xds/session_keys.py).
@@ -105,6 +108,7 @@ def followed_buckets(
             listed,
             spares,
             len(in_rotation),
+            parked={b for b, pod in pins.items() if pod not in in_rotation},
             buckets=buckets,
             points=offer_points,
             width=offer_width,
@@ -173,6 +177,7 @@ def bucket_homes(
             listed,
             spares,
             len(present),
+            parked={b for b, pod in pins.items() if pod not in in_rotation},
             buckets=buckets,
             points=offer_points,
             width=offer_width,
@@ -186,24 +191,28 @@ def _offers(
     spares: Set[str],
     in_rotation: int,
     *,
+    parked: Set[int],
     buckets: int,
     points: int,
     width: int,
 ) -> dict[str, tuple[int, ...]]:
     """Each spare's share of the buckets no pod in rotation holds: the `width` spares
-    whose points on the ring follow the bucket's (all of them when there are no more).
-    Each spare has `points` shared by the `in_rotation` pods (at least one), so a spare
-    that comes or goes moves only its own arcs."""
+    whose points on the ring follow the bucket's (all of them when there are no more),
+    but only the first of them for a `parked` bucket (pinned to a pod out of rotation):
+    its keys have homes and a prefix cache to come back to, and wait on one pod, where
+    least request over several would send each of their requests elsewhere. Each spare
+    has `points` shared by the `in_rotation` pods (at least one), so a spare that comes or
+    goes moves only its own arcs."""
     if not spares:
         return {}
     held = {b for pinned in listed.values() for b in pinned}
     each = max(1, points // max(1, in_rotation))
     positions, owners = _spare_ring(tuple(sorted(spares)), each)
-    wanted = min(width, len(spares))
     offered: dict[str, list[int]] = {}
     for bucket, position in enumerate(_bucket_positions(buckets)):
         if bucket in held:
             continue
+        wanted = 1 if bucket in parked else min(width, len(spares))
         at = bisect(positions, position)
         chosen: list[str] = []
         while len(chosen) < wanted:

@@ -2,7 +2,8 @@
 
 (And c@more-prefixes, seeds 4-8: with the cold-start rule for affinity that NOTES.md
 describes, tried and not kept; and with affinity judged per return, in two runs of the
-same placement and one with `key_spare_slack` 1, each beside the router; and c96.)
+same placement and one with `key_spare_slack` 1, each beside the router; and c96. And the
+steps to new keys by fewest in flight, on both.)
 
 Reads the kept runs' traces (requests after the 16 s warm-up). With hash homes: the
 project's from bounded-load's c-seeds-4-8-off and c-seeds-9-13-off, the router's from
@@ -68,11 +69,15 @@ def main() -> None:
         "returns-c-more-prefixes-seeds-4-8",
         "per-finished-c-more-prefixes-seeds-4-8",
         "returns-slack1-c-more-prefixes-seeds-4-8",
+        "full-scan-c-more-prefixes-seeds-4-8",
+        "all-pods-c-more-prefixes-seeds-4-8",
+        "fewest-in-flight-c-more-prefixes-seeds-4-8",
     ):
         runs = dict.fromkeys(FIRST, HERE / run)
-        report(f"{more}, affinity per return ({run})", runs, runs, scenario=more)
-    runs = dict.fromkeys(FIRST, HERE / "returns-c96-seeds-4-8")
-    report("c96, affinity per return", runs, runs, scenario="c96")
+        report(f"{more} ({run})", runs, runs, scenario=more)
+    for run in ("returns-c96-seeds-4-8", "fewest-in-flight-c96-seeds-4-8"):
+        runs = dict.fromkeys(FIRST, HERE / run)
+        report(f"c96 ({run})", runs, runs, scenario="c96")
 
 
 def report(

@@ -1,0 +1,57 @@
+"""Groups new to a pod after the warm-up, per policy: brand new, split, or moved.
+
+For each request after the 16 s warm-up whose prefix group had not been served by its pod
+before: brand new (the group's first request of the seed), split (the group was served
+elsewhere within 2 s: a burst of one new key spread before its bucket was pinned), or
+moved (served elsewhere earlier than that: a spill, or a home that changed).
+
+    cd bench/results/bucket-homes && python split_groups.py RUN SCENARIO SEEDS
+    python split_groups.py fewest-in-flight-c-more-prefixes-seeds-4-8 c@more-prefixes 4,5,6,7,8
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+WARM_UP_S = 16.0
+SPLIT_S = 2.0
+POLICIES = ("project", "vllm_router_sticky_least_loaded")
+
+
+def firsts(run: Path, scenario: str, seed: int, policy: str) -> tuple[int, int, int]:
+    lines = (run / "traces" / f"{scenario}-seed{seed}.jsonl").read_text().splitlines()[1:]
+    group = {r["index"]: r["prefix_group"] for r in map(json.loads, lines)}
+    path = run / "traces" / f"{scenario}-seed{seed}-{policy}-results.json"
+    results = sorted(json.loads(path.read_text())["results"], key=lambda r: r["scheduled_at_s"])
+    pods: dict[int, set[str]] = {}
+    last: dict[int, float] = {}
+    new = split = moved = 0
+    for r in results:
+        g, pod, at = group[r["index"]], r["backend_id"], r["scheduled_at_s"]
+        served = pods.setdefault(g, set())
+        if pod not in served:
+            if at >= WARM_UP_S:
+                if not served:
+                    new += 1
+                elif at - last[g] < SPLIT_S:
+                    split += 1
+                else:
+                    moved += 1
+            served.add(pod)
+        last[g] = at
+    return new, split, moved
+
+
+def main() -> None:
+    run, scenario = Path(sys.argv[1]), sys.argv[2]
+    seeds = [int(s) for s in sys.argv[3].split(",")]
+    for policy in POLICIES:
+        counts = [firsts(run, scenario, seed, policy) for seed in seeds]
+        new, split, moved = (sum(c[i] for c in counts) for i in range(3))
+        print(f"{policy}: brand new {new}, split {split}, moved {moved}")
+
+
+if __name__ == "__main__":
+    main()
