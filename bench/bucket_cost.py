@@ -55,6 +55,7 @@ def bucket_cost(pods: int, buckets: int, decisions: int, *, churn: bool) -> dict
             key_prior=tuning.home_key_prior,
             offer_points=tuning.key_offer_points,
             offer_width=tuning.key_offer_width,
+            spare_slack=tuning.key_spare_slack,
         )
         held.append(time.perf_counter() - started)
         memory = table.memory

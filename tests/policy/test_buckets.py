@@ -81,13 +81,15 @@ def test_before_any_key_every_pod_takes_new_keys() -> None:
 def test_a_width_of_one_offers_each_bucket_to_one_pod_and_a_wide_one_to_all() -> None:
     narrow = _offered(_homes(None, None, width=1))
     assert {len(pods) for pods in narrow.values()} == {1}
-    wide = _offered(_homes(None, None, width=len(PODS) + 3))
-    assert set(wide.values()) == {frozenset(PODS)}
+    # Every spare: listed nowhere, Envoy's default subset (the spares) takes them.
+    wide = _homes(None, None, width=len(PODS))
+    assert wide.offers == {} and wide.spares == frozenset(PODS)
 
 
 def test_by_default_every_pod_not_spilling_takes_every_new_key() -> None:
-    """The defaults offer each bucket no pod holds to every pod that does not spill, even
-    one ahead of its share: Envoy sends the new key to the one with the fewest in flight."""
+    """By default every pod that does not spill is a spare, even one ahead of its share,
+    and the buckets no pod holds are listed nowhere: Envoy's default subset, the spares,
+    sends a new key to the one with the fewest in flight."""
     tuning = Tuning()
     keys = {_key(3): 1.0, _key(7): 1.0, _key(9): 1.0}
     table = _homes(
@@ -98,7 +100,8 @@ def test_by_default_every_pod_not_spilling_takes_every_new_key() -> None:
         width=tuning.key_offer_width,
     )
     assert table.buckets == {"a:1": (3, 7, 9)}
-    assert set(_offered(table).values()) == {frozenset({"a:1", "b:1", "c:1"})}
+    assert table.spares == frozenset({"a:1", "b:1", "c:1"})
+    assert table.offers == {}
 
 
 def test_buckets_no_pod_holds_are_offered_to_the_spares_only() -> None:
@@ -107,9 +110,16 @@ def test_buckets_no_pod_holds_are_offered_to_the_spares_only() -> None:
     memory = BucketMemory(pins={3: "c:1", 7: "a:1", 9: "b:1"})
     keys = {_key(3): 4.0, _key(7): 4.0, _key(9): 4.0}
     table = _homes(keys, {}, memory, healthy=("a:1", "b:1", "d:1"))
+    assert table.spares == frozenset({"d:1"})
+    # The one spare is every spare: the buckets never pinned are listed nowhere (the
+    # default subset, the spares, takes them), and the one whose pod is out waits on it.
+    assert _offered(table) == {3: frozenset({"d:1"})}
+    # Wider than one spare, each is offered to WIDTH of them.
+    table = _homes(keys, {}, memory, healthy=("a:1", "b:1", "d:1"), slack=100.0)
     offered = _offered(table)
     assert set(offered) == set(range(BUCKETS)) - {7, 9}
-    assert set(offered.values()) == {table.spares} == {frozenset({"d:1"})}
+    assert {len(pods) for b, pods in offered.items() if b != 3} == {WIDTH}
+    assert all(pods <= table.spares for pods in offered.values())
 
 
 def test_a_spare_that_goes_moves_only_its_own_offers() -> None:
@@ -251,7 +261,7 @@ def test_thirty_two_keys_arriving_one_by_one_are_even_and_never_move() -> None:
         bucket = n * 7 % BUCKETS
         hashed = _key(bucket)
         keys[hashed] = 1.0
-        served[hashed] = min(_offered(table)[bucket])
+        served[hashed] = min(_offered(table).get(bucket, table.spares))
         table = _homes(keys, served, memory)
         assert all(table.memory.pins[b] == pod for b, pod in memory.pins.items())
         assert table.memory.pins[bucket] == served[hashed]
@@ -296,5 +306,5 @@ def test_a_bucket_whose_pod_is_out_of_rotation_waits_on_one_spare() -> None:
     first = offered()
     assert len(first[3]) == 1 and first[3] == offered()[3]
     assert first[3] < {"a:1", "b:1", "d:1"}
-    # A bucket never pinned goes to every spare.
-    assert first[5] == frozenset({"a:1", "b:1", "d:1"})
+    # A bucket never pinned is listed nowhere: the default subset, every spare.
+    assert set(first) == {3}

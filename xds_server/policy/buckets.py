@@ -31,16 +31,16 @@ keys go to (envoy/clusters.py, envoy/endpoints.py). Here:
   spare. At the default slack (100 mean keys), every pod that does not spill is one: with
   slack 0, a pod ahead of its share took no new key, which often left one spare, and the
   new keys that arrived together queued on it (bench/results/bucket-homes/NOTES.md).
-- Every bucket not pinned to a pod in rotation is offered to `Tuning.key_offer_width`
-  spares (by default every one), the next on a ring of the spares
-  (`Tuning.key_offer_points` points), and Envoy sends each of its requests to the one
-  with the fewest in flight (least request, full scan: clusters.py) until its first is
-  logged and the bucket pinned: new keys that arrive together spread over the spares as
-  a router's would. A bucket pinned to a pod out of rotation is offered to the first of
-  them only: its keys wait for their pod together. The ring depends on the spares only,
-  so every replica offers alike, and a spare that comes or goes moves only the buckets
-  of its arcs. A bucket listed nowhere (between pushes) still goes to the spares
-  (`key_spare`), by least request.
+- Every bucket not pinned to a pod in rotation goes to `Tuning.key_offer_width` spares
+  (by default every one), and Envoy sends each of its requests to the one with the fewest
+  in flight (least request, full scan: clusters.py) until its first is logged and the
+  bucket pinned: new keys that arrive together spread over the spares as a router's
+  would. With every spare the bucket is listed nowhere, and Envoy's default subset, the
+  spares (`key_spare`), takes it; a narrower width offers it to the next spares on a ring
+  of the spares (`Tuning.key_offer_points` points). A bucket pinned to a pod out of
+  rotation is offered to the first of them only: its keys wait for their pod together.
+  The ring depends on the spares only, so every replica offers alike, and a spare that
+  comes or goes moves only the buckets of its arcs.
 
 Pure: the memory of the last call comes in, the next goes out; no clock, no I/O. The work
 is one pass over the pool's logged keys (at most `max_keys`, xds/session_keys.py).
@@ -197,22 +197,25 @@ def _offers(
     width: int,
 ) -> dict[str, tuple[int, ...]]:
     """Each spare's share of the buckets no pod in rotation holds: the `width` spares
-    whose points on the ring follow the bucket's (all of them when there are no more),
-    but only the first of them for a `parked` bucket (pinned to a pod out of rotation):
-    its keys have homes and a prefix cache to come back to, and wait on one pod, where
-    least request over several would send each of their requests elsewhere. Each spare
-    has `points` shared by the `in_rotation` pods (at least one), so a spare that comes or
-    goes moves only its own arcs."""
+    whose points on the ring follow the bucket's, but only the first of them for a
+    `parked` bucket (pinned to a pod out of rotation): its keys have homes and a prefix
+    cache to come back to, and wait on one pod, where least request over several would
+    send each of their requests elsewhere. When `width` covers every spare, the other
+    buckets are listed nowhere: Envoy's default subset is the spares (`key_spare`), so
+    they go there alike, and a pool of hundreds of pods does not list every bucket on
+    each. Each spare has `points` shared by the `in_rotation` pods (at least one), so a
+    spare that comes or goes moves only its own arcs."""
     if not spares:
         return {}
     held = {b for pinned in listed.values() for b in pinned}
+    every_spare = width >= len(spares)
     each = max(1, points // max(1, in_rotation))
     positions, owners = _spare_ring(tuple(sorted(spares)), each)
     offered: dict[str, list[int]] = {}
     for bucket, position in enumerate(_bucket_positions(buckets)):
-        if bucket in held:
+        if bucket in held or (every_spare and bucket not in parked):
             continue
-        wanted = 1 if bucket in parked else min(width, len(spares))
+        wanted = 1 if bucket in parked else width
         at = bisect(positions, position)
         chosen: list[str] = []
         while len(chosen) < wanted:

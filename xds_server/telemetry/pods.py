@@ -68,13 +68,14 @@ _FAMILIES = {
     ),
     "offers": (
         "xds_pod_key_offers",
-        "Key buckets no pod holds that are offered to the pod (pools with balancing.key_homes"
-        " buckets): the new keys of those buckets go to it.",
+        "Key buckets no pod holds that are offered to the pod by name (pools with"
+        " balancing.key_homes buckets, when offers are narrower than the spares, or the"
+        " bucket's pod is out of rotation): the new keys of those buckets go to it.",
     ),
     "spare": (
         "xds_pod_key_spare",
-        "1 while keys not seen yet go to the pod (pools with balancing.key_homes buckets:"
-        " its pinned keys' load at or under its share), else 0.",
+        "1 while keys not seen yet may go to the pod (pools with balancing.key_homes buckets:"
+        " its pinned keys' load at most its share plus the slack, and not spilling), else 0.",
     ),
     "healthy": ("xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0."),
     "spilling": (
