@@ -72,10 +72,18 @@ def main() -> None:
         "full-scan-c-more-prefixes-seeds-4-8",
         "all-pods-c-more-prefixes-seeds-4-8",
         "fewest-in-flight-c-more-prefixes-seeds-4-8",
+        "slack2-c-more-prefixes-seeds-4-8",
     ):
         runs = dict.fromkeys(FIRST, HERE / run)
         report(f"{more} ({run})", runs, runs, scenario=more)
-    for run in ("returns-c96-seeds-4-8", "fewest-in-flight-c96-seeds-4-8"):
+    for run in ("fewest-in-flight-c-seeds-4-8", "slack2-c-seeds-4-8"):
+        runs = dict.fromkeys(FIRST, HERE / run)
+        report(f"c ({run})", runs, runs)
+    for run in (
+        "returns-c96-seeds-4-8",
+        "fewest-in-flight-c96-seeds-4-8",
+        "buckets1024-c96-seeds-4-8",
+    ):
         runs = dict.fromkeys(FIRST, HERE / run)
         report(f"c96 ({run})", runs, runs, scenario="c96")
 
