@@ -148,11 +148,14 @@ async def homes_on_every_pod(
     http: aiohttp.ClientSession, url: str, *, keys: int, pods: int
 ) -> dict[str, int]:
     """Where each of `keys` keys ("user-0", ...) lives, once every one of the `pods` pods
-    is home to some (all of them in rotation)."""
+    is home to some (all of them in rotation) and every key is served where it was the
+    time before: with key buckets, a new key's requests go by fewest in flight until its
+    bucket is pinned."""
 
     async def homes() -> dict[str, int] | None:
         found = {f"user-{i}": await served(http, url, f"user-{i}") for i in range(keys)}
-        return found if len(set(found.values())) == pods else None
+        again = {f"user-{i}": await served(http, url, f"user-{i}") for i in range(keys)}
+        return found if found == again and len(set(found.values())) == pods else None
 
     found: dict[str, int] = await eventually(homes, within_s=20, what="keys on every pod")
     return found
