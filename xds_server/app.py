@@ -109,6 +109,7 @@ class LoggedKeyCounts:
         self._served_by: Mapping[str, Mapping[int, str]] = MappingProxyType({})
         self._own_served_by: dict[str, dict[int, str]] = {}
         self._returns: Mapping[str, Mapping[str, float]] = MappingProxyType({})
+        self._firsts: Mapping[str, Mapping[str, int]] = MappingProxyType({})
         self._served_from: tuple[object, object] = (None, None)
         self._report = SessionKeysReport()
         self._reported_from: tuple[object, object] | None = None
@@ -146,6 +147,15 @@ class LoggedKeyCounts:
         none, and judges affinity per request). Read with the own keys (`refresh_s`)."""
         self.own()
         return self._returns
+
+    def first_requests(self, within_s: float) -> Mapping[str, Mapping[str, int]]:
+        """Per pool, per pod, the keys whose first request on it this replica's own Envoys
+        logged in the last `within_s` seconds (FirstRequestsSource): the same object while
+        the counts are the same."""
+        firsts = self._keys.first_requests(within_s)
+        if firsts != self._firsts:
+            self._firsts = firsts
+        return self._firsts
 
     def served_by(self) -> Mapping[str, Mapping[int, str]]:
         """Per pool, the pod (endpoint id) each key was last served by (ServedBySource),
@@ -326,6 +336,7 @@ class XdsApplication:
             followed_homes=self.peers.followed_homes,
             served_by=self.logged_keys.served_by,
             key_returns=self.logged_keys.returns,
+            first_requests=self.logged_keys.first_requests,
             followed_buckets=self.peers.followed_buckets,
             clock=clock,
         )

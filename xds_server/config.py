@@ -593,6 +593,11 @@ class BalancingConfig(_Strict):
     # flight. Each batch is one gRPC message, 30-50 us of the server's CPU beyond its entries:
     # at 0.1 s, 500 busy Envoys cost 15-25% of a core more than at 0.5 s (docs/operations.md).
     key_log_flush_s: Annotated[float, Field(ge=0.05, le=5)] = 0.1
+    # With key buckets, how long a pod that took a key's first request (a prefill of the
+    # whole prompt: nothing of that key is cached there) is passed over by new keys while
+    # another pod took fewer such requests: about one prefill of the pool's shared prefixes.
+    # Two new keys on one pod queue one whole prefill behind the other (0: off).
+    new_key_prefill_s: Annotated[float, Field(ge=0, le=5)] = 0.5
     # How much Envoy's own in-flight count corrects the weights in GPU-aware pools: above 0,
     # Envoy's least request picks by weight / (active + 1)^bias when weights differ
     # (least_request_lb_config active_request_bias) and by power of two choices on active

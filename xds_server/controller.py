@@ -69,6 +69,7 @@ _NO_HOMES: Mapping[str, Mapping[str, float]] = MappingProxyType({})
 _NO_SERVED_BY: Mapping[str, Mapping[int, str]] = MappingProxyType({})
 _NO_RETURNS: Mapping[str, Mapping[str, float]] = MappingProxyType({})
 _NO_BUCKETS: Mapping[str, FollowedBuckets] = MappingProxyType({})
+_NO_FIRSTS: Mapping[str, Mapping[str, int]] = MappingProxyType({})
 # Per pool that keeps key buckets: each endpoint's pinned buckets, and the endpoints new
 # keys go to (Controller.home_buckets; peering/reports.py's SessionKeysReport).
 HomeBuckets = tuple[dict[str, dict[str, tuple[int, ...]]], dict[str, tuple[str, ...]]]
@@ -94,6 +95,14 @@ class KeyReturnsSource(Protocol):
     while unchanged."""
 
     def __call__(self) -> Mapping[str, Mapping[str, float]]: ...
+
+
+class FirstRequestsSource(Protocol):
+    """Per pool, per pod (endpoint id), the keys whose first request on it its own Envoys
+    logged in the last `within_s` seconds (xds/session_keys.py). The same object while
+    unchanged."""
+
+    def __call__(self, within_s: float) -> Mapping[str, Mapping[str, int]]: ...
 
 
 class FollowedBucketsSource(Protocol):
@@ -173,6 +182,7 @@ class Controller:
         followed_homes: FollowedHomesSource | None = None,
         served_by: ServedBySource | None = None,
         key_returns: KeyReturnsSource | None = None,
+        first_requests: FirstRequestsSource | None = None,
         followed_buckets: FollowedBucketsSource | None = None,
         group: str = DEFAULT_GROUP,
         clock: Clock = loop_clock,
@@ -185,6 +195,7 @@ class Controller:
         self._followed_homes = followed_homes
         self._served_by = served_by
         self._key_returns = key_returns
+        self._first_requests = first_requests
         self._followed_buckets = followed_buckets
         self._remotes = remotes
         self._group = group
@@ -444,6 +455,11 @@ class Controller:
             followed_homes=(_NO_HOMES if self._followed_homes is None else self._followed_homes()),
             served_by=_NO_SERVED_BY if self._served_by is None else self._served_by(),
             key_returns=_NO_RETURNS if self._key_returns is None else self._key_returns(),
+            first_requests=(
+                _NO_FIRSTS
+                if self._first_requests is None
+                else self._first_requests(config.balancing.new_key_prefill_s)
+            ),
             followed_buckets=(
                 _NO_BUCKETS if self._followed_buckets is None else self._followed_buckets()
             ),
@@ -526,6 +542,7 @@ class Controller:
             inputs.followed_homes,
             inputs.served_by,
             inputs.key_returns,
+            inputs.first_requests,
             inputs.followed_buckets,
         )
         last = self._decided_on

@@ -5,6 +5,8 @@
   bucket no pod holds is offered (with `key_spare_slack` 0 and `key_offer_width` 1).
 - New keys that arrive together, each while the others are in flight, go to different
   pods (the defaults: every pod not spilling takes new keys, by fewest in flight).
+- A pod that just took a new key's first request is passed over by the next new key,
+  though it has the fewest in flight, until `new_key_prefill_s` has passed.
 - A pod that stops serving loses its keys to the others, with no request lost; once
   there, each key stays where it landed.
 - A replica without Envoys of its own pins the keys its peer's Envoy logged where that
@@ -22,6 +24,7 @@ from tests.e2e.conftest import eventually
 from tests.e2e.session_pods import Pod, peered_leader, served, session_gateway
 from xds_server.app import XdsApplication
 from xds_server.maglev import key_hash
+from xds_server.xds.resources import ResourceType
 from xds_testbed.gateway import LocalGateway
 
 BUCKETS = 64
@@ -171,13 +174,14 @@ async def test_new_keys_that_arrive_together_go_to_the_pods_with_fewest_in_fligh
     """Three rounds of three new keys, each sent while the ones before it are still in
     flight (the pods hold them): each round's keys land on three pods. The spares' least
     request scans them all; with two random choices, or a bucket offered to one spare, a
-    round lands two keys on one pod about half the time or more."""
+    round lands two keys on one pod about half the time or more. (`new_key_prefill_s` off:
+    a round's first requests, logged or not yet, would make the spares depend on timing.)"""
     async with contextlib.AsyncExitStack() as stack:
         pods = [
             await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
         ]
         gateway, http = await session_gateway(
-            stack, pods, tmp_path, key_homes="buckets", key_buckets=BUCKETS
+            stack, pods, tmp_path, key_homes="buckets", key_buckets=BUCKETS, new_key_prefill_s=0
         )
         await served(http, gateway.url, "warm-up")
         buckets = {key_hash("warm-up") % BUCKETS}
@@ -202,3 +206,70 @@ async def test_new_keys_that_arrive_together_go_to_the_pods_with_fewest_in_fligh
             for pod in pods:
                 pod.released.set()
             assert sorted(await asyncio.gather(*in_flight)) == sorted(p.port for p in pods)
+
+
+def _spares(gateway: LocalGateway) -> set[int] | None:
+    """The ports of the pods new keys go to, once the Envoy holds the endpoints of the
+    server's last decision (None until then)."""
+    entry = gateway.app.cache.entry_for("local")
+    streams = gateway.app.registry.streams()
+    if entry is None or not streams:
+        return None
+    if streams[0].acked.get("eds") != entry.snapshot.versions[ResourceType.ENDPOINT]:
+        return None
+    pool = gateway.app.controller.decision.pools["gpu"]
+    return {int(e.id.rsplit(":", 1)[1]) for e in pool.endpoints if e.key_spare}
+
+
+async def test_a_new_key_passes_over_the_pod_prefilling_another_new_key(
+    tmp_path: Path,
+) -> None:
+    """Two pods, one holding a request in flight, neither with a first request of a key
+    that counts still (`new_key_prefill_s` passed since the held key's). A new key goes to
+    the other (fewest in flight); the next new key, sent while that first request counts,
+    goes to the busy pod instead; then both took one, and a third goes back to the pod
+    with the fewest in flight. Least request alone would send all three there."""
+    window_s = 5.0
+    async with contextlib.AsyncExitStack() as stack:
+        pods = [
+            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(2)
+        ]
+        gateway, http = await session_gateway(
+            stack,
+            pods,
+            tmp_path,
+            key_homes="buckets",
+            key_buckets=BUCKETS,
+            new_key_prefill_s=window_s,
+        )
+        ports = {p.port: p for p in pods}
+        busy = ports[await served(http, gateway.url, "held")]
+        idle = next(p for p in pods if p is not busy)
+        await eventually(lambda: _pinned(gateway, "held"), within_s=20, what="a pin")
+        # Until the held key's first request no longer counts, both pods are spares again.
+        both = {p.port for p in pods}
+        await eventually(lambda: _spares(gateway) == both, within_s=30, what="both spares")
+        busy.released.clear()
+        stack.callback(busy.released.set)  # never left holding, even on failure
+        arrived = busy.arrived
+        held = asyncio.create_task(served(http, gateway.url, "held"))
+        await eventually(lambda: busy.arrived > arrived, within_s=20, what="the held request")
+        users = (f"user-{n}" for n in range(1_000))
+        buckets = {key_hash("held") % BUCKETS}
+
+        def fresh() -> str:
+            user = next(u for u in users if key_hash(u) % BUCKETS not in buckets)
+            buckets.add(key_hash(user) % BUCKETS)
+            return user
+
+        assert await served(http, gateway.url, fresh()) == idle.port
+        await eventually(
+            lambda: _spares(gateway) == {busy.port}, within_s=window_s, what="one spare"
+        )
+        arrived = busy.arrived
+        second = asyncio.create_task(served(http, gateway.url, fresh()))
+        await eventually(lambda: busy.arrived > arrived, within_s=20, what="the second new key")
+        await eventually(lambda: _spares(gateway) == both, within_s=30, what="both spares again")
+        assert await served(http, gateway.url, fresh()) == idle.port
+        busy.released.set()
+        assert await asyncio.gather(held, second) == [busy.port, busy.port]

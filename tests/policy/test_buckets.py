@@ -40,6 +40,7 @@ def _homes(
     prior: float = 0.0,
     slack: float = 0.0,
     width: int = WIDTH,
+    first_requests: Mapping[str, int] | None = None,
 ) -> BucketHomes:
     return bucket_homes(
         known,
@@ -54,6 +55,7 @@ def _homes(
         offer_points=POINTS,
         offer_width=width,
         spare_slack=slack,
+        first_requests=first_requests,
     )
 
 
@@ -230,6 +232,30 @@ def test_spares_follow_capacity_and_leave_spilling_pods_out() -> None:
     assert spares(frozenset()) == frozenset(pods)
     assert spares({"a:1"}) == frozenset({"b:1", "c:1"})
     assert spares(set(pods)) == frozenset(pods)
+
+
+def test_new_keys_pass_over_the_pods_that_took_more_first_requests_lately() -> None:
+    """Of the spares, those with the fewest first requests of keys lately stay: a new key
+    queues behind another's whole prefill. Never none: when every spare took as many, all
+    stay; a spilling pod stays out whatever it took."""
+    tuning = Tuning()
+
+    def spares(firsts: Mapping[str, int], spilling: Set[str] = frozenset()) -> frozenset[str]:
+        return _homes(
+            {},
+            {},
+            spilling=spilling,
+            slack=tuning.key_spare_slack,
+            width=tuning.key_offer_width,
+            first_requests=firsts,
+        ).spares
+
+    assert spares({}) == frozenset(PODS)
+    assert spares({"a:1": 1}) == frozenset({"b:1", "c:1", "d:1"})
+    assert spares({"a:1": 2, "b:1": 1, "c:1": 1, "d:1": 1}) == frozenset({"b:1", "c:1", "d:1"})
+    assert spares(dict.fromkeys(PODS, 1)) == frozenset(PODS)
+    assert spares({"b:1": 1, "c:1": 1}, spilling={"a:1"}) == frozenset({"d:1"})
+    assert spares({"d:1": 1}, spilling={"a:1", "b:1", "c:1"}) == frozenset({"d:1"})
 
 
 def test_a_keys_first_counts_weigh_little_beside_the_prior() -> None:

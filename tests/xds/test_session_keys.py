@@ -142,6 +142,45 @@ def test_the_endpoints_with_returns_are_bounded_per_pool() -> None:
     assert set(keys.return_shares()["p"]) == {"10.0.0.1:8001", "10.0.0.1:8002"}
 
 
+def test_first_requests_of_keys_on_a_pod_count_for_the_window_given() -> None:
+    """A key's first request, and its first on another pod, count on that pod while they
+    are newer than `within_s`; a return, or a spilled request (pod unknown), does not."""
+    clock = Clock()
+    keys = store(clock)
+    a, b = "10.0.0.1:8000", "10.0.0.1:8001"
+    keys.logged(entry("x", port=8000))  # first
+    keys.logged(entry("x", port=8000))  # returned
+    keys.logged(entry("x", port=None))  # spilled
+    clock.now += 0.3
+    keys.logged(entry("y", port=8000))  # first
+    keys.logged(entry("x", port=8001))  # moved: first on b
+    keys.logged(entry("z", cluster="q/session"))
+    assert keys.first_requests(1.0) == {"p": {a: 2, b: 1}, "q": {a: 1}}
+    assert keys.first_requests(0.1) == {"p": {a: 1, b: 1}, "q": {a: 1}}
+    clock.now += 1.0
+    assert keys.first_requests(1.0) == {}
+
+
+def test_first_requests_are_bounded_per_pool_the_latest_kept() -> None:
+    keys = store(Clock(), max_keys=2)
+    for port in (8000, 8001, 8002):
+        keys.logged(entry(f"k{port}", port=port))
+    assert keys.first_requests(60.0) == {"p": {"10.0.0.1:8001": 1, "10.0.0.1:8002": 1}}
+
+
+def test_the_controllers_first_requests_are_the_same_object_while_the_same() -> None:
+    clock = Clock()
+    keys = store(clock)
+    counts = LoggedKeyCounts(keys, clock=clock)
+    none = counts.first_requests(0.5)
+    assert none == {} and counts.first_requests(0.5) is none
+    keys.logged(entry("alice"))
+    seen = counts.first_requests(0.5)
+    assert seen == {"p": {"10.0.0.1:8000": 1}} and counts.first_requests(0.5) is seen
+    clock.now += 1.0
+    assert counts.first_requests(0.5) == {}
+
+
 def test_pools_come_from_session_clusters_with_or_without_a_band() -> None:
     keys = store(Clock())
     keys.logged(entry("a", cluster="p/session/critical"))

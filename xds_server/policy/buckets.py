@@ -31,6 +31,10 @@ keys go to (envoy/clusters.py, envoy/endpoints.py). Here:
   spare. At the default slack (100 mean keys), every pod that does not spill is one: with
   slack 0, a pod ahead of its share took no new key, which often left one spare, and the
   new keys that arrived together queued on it (bench/results/bucket-homes/NOTES.md).
+  Of those, only the pods that took the fewest first requests of keys lately
+  (`balancing.new_key_prefill_s`, from the key log) stay spares: a key's first request
+  on a pod prefills its whole prompt, and a new key sent there meanwhile queues behind
+  that prefill; the pods' counts of requests in flight do not tell it from a decode.
 - Every bucket not pinned to a pod in rotation goes to `Tuning.key_offer_width` spares
   (by default every one), and Envoy sends each of its requests to the one with the fewest
   in flight (least request, full scan: clusters.py) until its first is logged and the
@@ -131,6 +135,7 @@ def bucket_homes(
     offer_points: int,
     offer_width: int,
     spare_slack: float = 0.0,
+    first_requests: Mapping[str, int] | None = None,
 ) -> BucketHomes:
     """The pool's pinned buckets, offers and spares after this decision.
 
@@ -141,7 +146,8 @@ def bucket_homes(
     `spilling`: the pods spilling their keys now; `buckets`: `balancing.key_buckets`;
     `key_prior`: `Tuning.home_key_prior`; `offer_points`, `offer_width`:
     `Tuning.key_offer_points`, `Tuning.key_offer_width`; `spare_slack`:
-    `Tuning.key_spare_slack`.
+    `Tuning.key_spare_slack`; `first_requests`: per pod, the keys whose first request on
+    it was logged lately (`balancing.new_key_prefill_s`; None: none).
     """
     present = sorted(k for k in healthy if capacity_shares.get(k, 0.0) > 0)
     in_rotation = set(present)
@@ -169,7 +175,16 @@ def bucket_homes(
             by_pod.setdefault(pod, []).append(bucket)
     listed = {pod: tuple(held) for pod, held in by_pod.items()}
     mean_key = sum(load.values()) / len(counts) if counts else 0.0
-    spares = frozenset(_spares(present, capacity_shares, carried, spilling, spare_slack * mean_key))
+    spares = frozenset(
+        _spares(
+            present,
+            capacity_shares,
+            carried,
+            spilling,
+            spare_slack * mean_key,
+            first_requests or {},
+        )
+    )
     return BucketHomes(
         memory=BucketMemory(pins=pins),
         buckets=listed,
@@ -246,10 +261,13 @@ def _spares(
     carried: Mapping[str, float],
     spilling: Set[str],
     allowance: float,
+    first_requests: Mapping[str, int],
 ) -> list[str]:
     """The pods at or under their capacity share of the pinned keys' load plus
     `allowance`, the spilling ones aside unless every such pod spills; every pod before
-    any key (none when none is in rotation)."""
+    any key (none when none is in rotation). Of those, the ones with the fewest
+    `first_requests`: a key's first request on a pod prefills its whole prompt, and a new
+    key sent to that pod meanwhile waits for it."""
     total = sum(carried.values())
     capacity = sum(capacity_shares[k] for k in present)
     under = [
@@ -257,5 +275,6 @@ def _spares(
         for k in present
         if total <= 0 or carried[k] <= total * capacity_shares[k] / capacity + allowance
     ]
-    calm = [k for k in under if k not in spilling]
-    return calm or under
+    calm = [k for k in under if k not in spilling] or under
+    fewest = min((first_requests.get(k, 0) for k in calm), default=0)
+    return [k for k in calm if first_requests.get(k, 0) == fewest]

@@ -109,7 +109,9 @@ class DecisionInputs:
     follows (homes.followed_homes; empty when it places its own); `served_by`, per pool,
     the pod (endpoint id) each key its own Envoys logged was last served by (buckets.py);
     `key_returns`, per pool, per pod, the share of the keyed requests it was sent that
-    returned to it (affinity.py; absent: not known);
+    returned to it (affinity.py; absent: not known); `first_requests`, per pool, per pod,
+    the keys whose first request on it its own Envoys logged within
+    `balancing.new_key_prefill_s` (buckets.py: new keys go to the pods with fewest);
     `followed_buckets`, per pool that keeps key buckets, the table of the replica this
     one follows (empty when it keeps its own).
     """
@@ -121,6 +123,7 @@ class DecisionInputs:
     followed_homes: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     served_by: Mapping[str, Mapping[int, str]] = field(default_factory=dict)
     key_returns: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    first_requests: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     followed_buckets: Mapping[str, FollowedBuckets] = field(default_factory=dict)
 
 
@@ -229,6 +232,7 @@ class Decider:
         followed = inputs.followed_homes.get(pool.name)
         served_by = inputs.served_by.get(pool.name)
         key_returns = inputs.key_returns.get(pool.name)
+        first_requests = inputs.first_requests.get(pool.name)
         followed_table = inputs.followed_buckets.get(pool.name)
         key: _ScoringKey = (
             pool,
@@ -241,6 +245,7 @@ class Decider:
             followed,
             served_by,
             key_returns,
+            first_requests,
             followed_table,
             previous,
         )
@@ -265,6 +270,7 @@ class Decider:
             buckets=previous.buckets,
             served_by=served_by,
             key_returns=key_returns,
+            first_requests=first_requests,
             followed_table=followed_table,
             draining={endpoint_id(e) for e in pool.endpoints if e.draining},
             tuning=config.tuning(pool),

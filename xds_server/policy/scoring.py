@@ -208,6 +208,7 @@ def score_pool(
     buckets: BucketMemory = _NO_BUCKETS,
     served_by: Mapping[int, str] | None = None,
     key_returns: Mapping[str, float] | None = None,
+    first_requests: Mapping[str, int] | None = None,
     followed_table: FollowedBuckets | None = None,
     tuning: Tuning = _DEFAULT_TUNING,
 ) -> ScoredPool:
@@ -217,7 +218,8 @@ def score_pool(
     `buckets` are the previous call's; `served_by` the pod each logged key was last
     served by (endpoint ids, where the Envoys said: buckets.py pins by it); `key_returns`
     per pod the share of the keyed requests it was sent that returned to it (affinity.py;
-    None: not known);
+    None: not known); `first_requests` per pod the keys whose first request on it was
+    logged lately (buckets.py: new keys go to the pods with fewest; None: none);
     `followed_table` the key buckets of the replica this one follows (None: its own);
     `session_keys` the hashes of the session keys the Envoys logged and their recent
     requests (homes.py places them; None: none logged)
@@ -289,6 +291,7 @@ def score_pool(
             offer_points=tuning.key_offer_points,
             offer_width=tuning.key_offer_width,
             spare_slack=tuning.key_spare_slack,
+            first_requests=first_requests,
         )
     sticks = _affinity(pool, pods, keys, settings, tuning, key_returns)
     suspended = sticks.reason if sticks is not None else None

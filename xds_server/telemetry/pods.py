@@ -75,7 +75,8 @@ _FAMILIES = {
     "spare": (
         "xds_pod_key_spare",
         "1 while keys not seen yet may go to the pod (pools with balancing.key_homes buckets:"
-        " its pinned keys' load at most its share plus the slack, and not spilling), else 0.",
+        " its pinned keys' load at most its share plus the slack, not spilling, and no more"
+        " keys' first requests lately than another such pod took), else 0.",
     ),
     "healthy": ("xds_pod_healthy", "1 if the pod is in rotation (HEALTHY), else 0."),
     "spilling": (

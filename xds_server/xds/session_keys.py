@@ -15,7 +15,10 @@ by it too (`return_shares`: two sums that halve every `return_half_life_s`, as t
 prefix hits do in metrics/store.py, and start with the pod as its hits do). Only a
 return can find the key's prefix in a cache: a key's first request, and its first on
 another pod, cannot (policy/affinity.py); a spilled request, whose pod is not known, is
-left out of these shares. A request that went to a spilling pod's internal listener counts
+left out of these shares. The first requests of keys on a pod (a new key, or one last
+served elsewhere) are also kept, with when they were logged (`first_requests`): each is a
+prefill of the whole prompt, and the policy sends the next new keys to pods with fewer of
+them (policy/buckets.py). A request that went to a spilling pod's internal listener counts
 towards its key's requests, but does not change where the key was
 last seen: Envoy 1.40 logs its upstream address as the listener (`envoy_internal_address`,
 its `endpoint_id` the spilling pod's ring key, which is its name when it has one), not as
@@ -37,6 +40,7 @@ import heapq
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -124,6 +128,8 @@ class SessionKeys:
         self._return_decay = math.log(2) / return_half_life_s
         self._pools: dict[str, dict[int, _Key]] = {}
         self._returns: dict[str, dict[str, _Returns]] = {}
+        # Per pool, the latest first requests of keys on a pod: (when, endpoint), oldest first.
+        self._firsts: dict[str, deque[tuple[float, str]]] = {}
         self._on_change: Callable[[Set[str]], None] | None = None
         self.revision = 0
         self.entries = 0
@@ -162,6 +168,9 @@ class SessionKeys:
         if endpoint is not None:
             returned = key is not None and endpoint == key.endpoint
             self._count_return(pool, endpoint, returned, now)
+            if not returned:
+                firsts = self._firsts.setdefault(pool, deque(maxlen=self._max_keys))
+                firsts.append((now, endpoint))
         if key is None:
             keys[hashed] = _Key(1.0, now, endpoint)
             if len(keys) > self._max_keys:
@@ -187,6 +196,24 @@ class SessionKeys:
         tally.requests = tally.requests * decay + 1.0
         tally.returned = tally.returned * decay + float(returned)
         tally.at = now
+
+    def first_requests(self, within_s: float) -> Mapping[str, Mapping[str, int]]:
+        """Per pool, per endpoint, the keys whose first request on it (the key new there)
+        was logged in the last `within_s` seconds; pools and endpoints without any absent.
+        At most `max_keys` per pool are kept, the latest."""
+        since = self._clock() - within_s
+        pools: dict[str, Mapping[str, int]] = {}
+        for pool, firsts in list(self._firsts.items()):
+            while firsts and firsts[0][0] <= since:
+                firsts.popleft()
+            if not firsts:
+                del self._firsts[pool]
+                continue
+            counts: dict[str, int] = {}
+            for _, endpoint in firsts:
+                counts[endpoint] = counts.get(endpoint, 0) + 1
+            pools[pool] = MappingProxyType(counts)
+        return MappingProxyType(pools)
 
     def _return_decay_since(self, tally: _Returns, now: float) -> float:
         return math.exp(-self._return_decay * max(0.0, now - tally.at))
