@@ -19,6 +19,9 @@ import asyncio
 import contextlib
 from collections import Counter
 from pathlib import Path
+from typing import Any
+
+import aiohttp
 
 from tests.e2e.conftest import eventually
 from tests.e2e.session_pods import Pod, peered_leader, served, session_gateway
@@ -37,22 +40,28 @@ def _pinned(gateway: LocalGateway, user: str) -> bool:
     return any(bucket in e.key_buckets for e in pool.endpoints)
 
 
+async def _bucket_gateway(
+    stack: contextlib.AsyncExitStack, tmp_path: Path, pods: int, **balancing: Any
+) -> tuple[list[Pod], LocalGateway, aiohttp.ClientSession]:
+    """`pods` pods with prefix caches that pay, and a gateway keeping their keys in
+    `BUCKETS` buckets, with `balancing` added; closed with `stack`."""
+    serving = [
+        await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(pods)
+    ]
+    gateway, http = await session_gateway(
+        stack, serving, tmp_path, key_homes="buckets", key_buckets=BUCKETS, **balancing
+    )
+    return serving, gateway, http
+
+
 async def test_keys_are_homed_at_first_sight_on_the_pods_with_fewest_and_stay(
     tmp_path: Path,
 ) -> None:
     """With `key_spare_slack` 0 and `key_offer_width` 1 (the earlier defaults), only the
     pods at or under their share of the keys take new ones, each bucket offered to one."""
     async with contextlib.AsyncExitStack() as stack:
-        pods = [
-            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
-        ]
-        gateway, http = await session_gateway(
-            stack,
-            pods,
-            tmp_path,
-            key_homes="buckets",
-            key_buckets=BUCKETS,
-            advanced={"key_spare_slack": 0, "key_offer_width": 1},
+        _, gateway, http = await _bucket_gateway(
+            stack, tmp_path, 3, advanced={"key_spare_slack": 0, "key_offer_width": 1}
         )
         users = []
         for n in range(300):
@@ -142,12 +151,7 @@ async def test_a_replica_pins_the_keys_its_peers_envoy_served_and_the_peer_follo
     sorts first) leads: it pins each key's bucket where its peer's Envoy served the key,
     and the first pushes that table as its own."""
     async with contextlib.AsyncExitStack() as stack:
-        pods = [
-            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
-        ]
-        gateway, http = await session_gateway(
-            stack, pods, tmp_path, key_homes="buckets", key_buckets=BUCKETS
-        )
+        _, gateway, http = await _bucket_gateway(stack, tmp_path, 3)
         other = await peered_leader(stack, gateway, tmp_path)
         users = [f"user-{n}" for n in range(20)]
 
@@ -177,12 +181,7 @@ async def test_new_keys_that_arrive_together_go_to_the_pods_with_fewest_in_fligh
     round lands two keys on one pod about half the time or more. (`new_key_prefill_s` off:
     a round's first requests, logged or not yet, would make the spares depend on timing.)"""
     async with contextlib.AsyncExitStack() as stack:
-        pods = [
-            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(3)
-        ]
-        gateway, http = await session_gateway(
-            stack, pods, tmp_path, key_homes="buckets", key_buckets=BUCKETS, new_key_prefill_s=0
-        )
+        pods, gateway, http = await _bucket_gateway(stack, tmp_path, 3, new_key_prefill_s=0)
         await served(http, gateway.url, "warm-up")
         buckets = {key_hash("warm-up") % BUCKETS}
         fresh = (f"user-{n}" for n in range(1_000))
@@ -231,17 +230,7 @@ async def test_a_new_key_passes_over_the_pod_prefilling_another_new_key(
     with the fewest in flight. Least request alone would send all three there."""
     window_s = 5.0
     async with contextlib.AsyncExitStack() as stack:
-        pods = [
-            await stack.enter_async_context(Pod(running=4, saved=2_000).serving()) for _ in range(2)
-        ]
-        gateway, http = await session_gateway(
-            stack,
-            pods,
-            tmp_path,
-            key_homes="buckets",
-            key_buckets=BUCKETS,
-            new_key_prefill_s=window_s,
-        )
+        pods, gateway, http = await _bucket_gateway(stack, tmp_path, 2, new_key_prefill_s=window_s)
         ports = {p.port: p for p in pods}
         busy = ports[await served(http, gateway.url, "held")]
         idle = next(p for p in pods if p is not busy)
