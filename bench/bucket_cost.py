@@ -4,7 +4,8 @@ Each pool has `--pods` pods in rotation and 1,024 logged keys (the session-key l
 per pool), each served by a random pod; every decision pins, reweighs the spares and offers
 the unpinned buckets on the ring of the spares. Two cases per pool size: the keys' counts
 change each decision but the spares stay (the ring is cached), and the spares change each
-decision (a pod leaves them, so the ring is built anew). It reports the median and the
+decision (a pod leaves them, so the ring is built anew, and a tenth of the pods, others
+each time, took a key's first request lately). It reports the median and the
 longest decision, which is time the event loop is held per pool and decision.
 
     python -m bench.bucket_cost [--pods 4,100,1000] [--buckets 256,1024] [--decisions 50]
@@ -30,7 +31,7 @@ KEYS = 1024
 def bucket_cost(pods: int, buckets: int, decisions: int, *, churn: bool) -> dict[str, float]:
     """Milliseconds per decision of one pool of `pods` pods with `buckets` buckets; with
     `churn`, the spares change every decision (one pod is always spilling, another each
-    time)."""
+    time, and every tenth pod from another one on took a key's first request)."""
     tuning = Tuning()
     rng = random.Random(pods * buckets)
     ids = [f"10.0.{i // 250}.{i % 250}:8000" for i in range(pods)]
@@ -42,6 +43,7 @@ def bucket_cost(pods: int, buckets: int, decisions: int, *, churn: bool) -> dict
     for n in range(decisions):
         counts = {k: float(rng.randrange(1, 20)) for k in keys}
         spilling = frozenset({ids[n % pods]}) if churn else frozenset()
+        firsts = {ids[(n + i) % pods]: 1 for i in range(0, pods, 10)} if churn else {}
         started = time.perf_counter()
         table = bucket_homes(
             frozenset(ids),
@@ -56,6 +58,7 @@ def bucket_cost(pods: int, buckets: int, decisions: int, *, churn: bool) -> dict
             offer_points=tuning.key_offer_points,
             offer_width=tuning.key_offer_width,
             spare_slack=tuning.key_spare_slack,
+            first_requests=firsts,
         )
         held.append(time.perf_counter() - started)
         memory = table.memory

@@ -265,6 +265,61 @@ async def test_a_long_prompt_reported_in_flight_cuts_its_pods_weight_at_once() -
         task.cancel()
 
 
+BUCKET_POOL = """
+updates: {debounce_s: 0.5, max_delay_s: 1.0}
+balancing: {scrape_interval_s: 60, smoothing: 1, new_key_prefill_s: 2}
+pools:
+  - name: pool
+    models: [m]
+    session_affinity: true
+    endpoints: [{address: 10.0.0.1, port: 8000}, {address: 10.0.0.2, port: 8000}]
+"""
+
+
+@pytest.mark.looptime
+async def test_a_key_new_to_its_pod_passes_the_pod_over_for_new_keys_at_once() -> None:
+    """A key's first request on a pod, logged, takes the pod out of the spares without
+    waiting for the debounce (0.5 s); the window asked for is the config's."""
+    telemetry, cache = Telemetry(), SnapshotCache()
+    pods = {
+        key: PodSignals(silent_s=0.1, waiting=0, running=2)
+        for key in ("10.0.0.1:8000", "10.0.0.2:8000")
+    }
+    firsts: dict[str, Mapping[str, int]] = {}
+    windows: list[float] = []
+
+    def first_requests(within_s: float) -> Mapping[str, Mapping[str, int]]:
+        windows.append(within_s)
+        return firsts
+
+    controller = Controller(
+        cache=cache,
+        telemetry=telemetry,
+        signals=lambda now: pods,
+        first_requests=first_requests,
+    )
+
+    def spares() -> set[str]:
+        return {e.id for e in controller.decision.pools["pool"].endpoints if e.key_spare}
+
+    task = asyncio.create_task(controller.run())
+    try:
+        controller.submit(parse_config(BUCKET_POOL))
+        first = await asyncio.wait_for(controller.settled(), 2)
+        assert spares() == set(pods) and set(windows) == {2.0}
+
+        firsts = {"pool": {"10.0.0.2:8000": 1}}
+        controller.keys_changed({"other"})
+        await asyncio.sleep(0.2)
+        assert controller.snapshot is first, "another pool's keys are no reason to decide"
+        controller.keys_changed({"pool"})
+        await asyncio.sleep(0.1)
+        assert spares() == {"10.0.0.1:8000"}
+        assert controller.snapshot is not first
+    finally:
+        task.cancel()
+
+
 def test_a_band_is_admitted_in_every_lane_and_long_prompts_are_found_in_each_band() -> None:
     config = parse_config(FLOW.replace("gpu_aware: false", "session_affinity: true"))
     (pool,) = config.pools

@@ -342,6 +342,7 @@ class XdsApplication:
         )
         self.load_reports.subscribe(self.controller.load_changed)
         self.long_prompts.subscribe(self.controller.load_changed)
+        self.session_keys.subscribe(self.controller.keys_changed)
         self.peers.subscribe(self.controller.peers_changed)
         self.remote_clusters.subscribe(self.controller.peers_changed)
         self.registry.subscribe(self.controller.envoy_connected, self.controller.envoy_rejected)

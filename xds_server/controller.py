@@ -365,6 +365,18 @@ class Controller:
         if self._config is not None:
             self._schedule_soon()
 
+    def keys_changed(self, pools: Set[str]) -> None:
+        """The Envoys' session-key log named a key new to its pod (a new key, or one that
+        moved) in `pools`: in a pool keeping key buckets, decide now, as for a long prompt.
+        Its bucket is pinned and its pod passed over by new keys
+        (`balancing.new_key_prefill_s`) a debounce sooner, while the next new keys
+        arrive."""
+        config = self._config
+        if config is not None and any(
+            p.name in pools and config.bucket_homes(p) for p in config.pools
+        ):
+            self._schedule_soon()
+
     def _schedule_soon(self) -> None:
         """Decide at once, but at most every LOAD_DECISION_GAP_S, or the last decision's
         own duration if longer: a stream of load changes or connects (however many

@@ -3,7 +3,8 @@
 (And c@more-prefixes, seeds 4-8: with the cold-start rule for affinity that NOTES.md
 describes, tried and not kept; and with affinity judged per return, in two runs of the
 same placement and one with `key_spare_slack` 1, each beside the router; and c96. And the
-steps to new keys by fewest in flight, on both.)
+steps to new keys by fewest in flight, on both; and new keys passing over the pods that
+just took a key's first request, with the default slack and with 2.)
 
 Reads the kept runs' traces (requests after the 16 s warm-up). With hash homes: the
 project's from bounded-load's c-seeds-4-8-off and c-seeds-9-13-off, the router's from
@@ -73,6 +74,8 @@ def main() -> None:
         "all-pods-c-more-prefixes-seeds-4-8",
         "fewest-in-flight-c-more-prefixes-seeds-4-8",
         "slack2-c-more-prefixes-seeds-4-8",
+        "first-requests-c-more-prefixes-seeds-4-8",
+        "first-requests-slack2-c-more-prefixes-seeds-4-8",
     ):
         runs = dict.fromkeys(FIRST, HERE / run)
         report(f"{more} ({run})", runs, runs, scenario=more)
@@ -83,6 +86,8 @@ def main() -> None:
         "returns-c96-seeds-4-8",
         "fewest-in-flight-c96-seeds-4-8",
         "buckets1024-c96-seeds-4-8",
+        "first-requests-c96-seeds-4-8",
+        "first-requests-slack2-c96-seeds-4-8",
     ):
         runs = dict.fromkeys(FIRST, HERE / run)
         report(f"c96 ({run})", runs, runs, scenario="c96")
