@@ -265,15 +265,10 @@ async def test_a_long_prompt_reported_in_flight_cuts_its_pods_weight_at_once() -
         task.cancel()
 
 
-BUCKET_POOL = """
-updates: {debounce_s: 0.5, max_delay_s: 1.0}
-balancing: {scrape_interval_s: 60, smoothing: 1, new_key_prefill_s: 2}
-pools:
-  - name: pool
-    models: [m]
-    session_affinity: true
-    endpoints: [{address: 10.0.0.1, port: 8000}, {address: 10.0.0.2, port: 8000}]
-"""
+# LONG_PROMPTS' pool with session affinity, keeping key buckets (the default).
+BUCKET_POOL = LONG_PROMPTS.replace("smoothing: 1}", "smoothing: 1, new_key_prefill_s: 2}").replace(
+    "models: [m]", "models: [m]\n    session_affinity: true"
+)
 
 
 @pytest.mark.looptime
