@@ -367,15 +367,16 @@ class Controller:
 
     def keys_changed(self, pools: Set[str]) -> None:
         """The Envoys' session-key log named a key new to its pod (a new key, or one that
-        moved) in `pools`: in a pool keeping key buckets, decide now, as for a long prompt.
-        Its bucket is pinned and its pod passed over by new keys
-        (`balancing.new_key_prefill_s`) a debounce sooner, while the next new keys
-        arrive."""
+        moved) in `pools`: in a pool keeping key buckets, decide within `debounce_s` (not
+        extended by more), as for new metrics. Its bucket is pinned, and its pod passed
+        over by new keys (`balancing.new_key_prefill_s`), though its pods' pages did not
+        move (quiet pods are scraped less often). Not at once, as for a long prompt: new
+        keys can come many a second, and the debounce is what bounds the pushes."""
         config = self._config
         if config is not None and any(
             p.name in pools and config.bucket_homes(p) for p in config.pools
         ):
-            self._schedule_soon()
+            self._schedule(extend=False)
 
     def _schedule_soon(self) -> None:
         """Decide at once, but at most every LOAD_DECISION_GAP_S, or the last decision's
