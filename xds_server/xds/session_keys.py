@@ -200,7 +200,8 @@ class SessionKeys:
     def first_requests(self, within_s: float) -> Mapping[str, Mapping[str, int]]:
         """Per pool, per endpoint, the keys whose first request on it (the key new there)
         was logged in the last `within_s` seconds; pools and endpoints without any absent.
-        At most `max_keys` per pool are kept, the latest."""
+        Older ones are forgotten (one server asks for one window: its config's); at most
+        `max_keys` per pool are kept, the latest."""
         since = self._clock() - within_s
         pools: dict[str, Mapping[str, int]] = {}
         for pool, firsts in list(self._firsts.items()):

@@ -79,7 +79,7 @@ def main() -> None:
     ):
         runs = dict.fromkeys(FIRST, HERE / run)
         report(f"{more} ({run})", runs, runs, scenario=more)
-    for run in ("fewest-in-flight-c-seeds-4-8", "slack2-c-seeds-4-8"):
+    for run in ("fewest-in-flight-c-seeds-4-8", "slack2-c-seeds-4-8", "first-requests-c-seeds-4-8"):
         runs = dict.fromkeys(FIRST, HERE / run)
         report(f"c ({run})", runs, runs)
     for run in (
