@@ -148,7 +148,8 @@ class Controller:
     A config change is debounced (`updates.debounce_s` after the last change, at most
     `updates.max_delay_s` after the first); metrics changes are throttled (applied
     `debounce_s` after the first one, however many follow) so that a steady stream of
-    scrapes still reaches Envoy promptly; a long prompt starting or ending on a pod (access
+    scrapes still reaches Envoy promptly, and so is a key new to its pod in the session-key
+    log (pools with key buckets); a long prompt starting or ending on a pod (access
     log, load reports) is applied at once. With GPU-aware pools or flow control, the
     policy also looks every scrape interval, so a pod whose metrics stop arriving goes
     stale on time.
@@ -164,9 +165,9 @@ class Controller:
     the last decision with what it was decided on and how long it took, the last error
     (and whether a config was refused since the last accepted one), when the first config
     came (the warm start) and the events that wake `run`. `submit`, `reject`,
-    `metrics_changed` and `load_changed` are synchronous; `run` is the only task that
-    decides and builds, in slices (`SLICE_S`); a change that comes meanwhile is decided
-    next. Time is read from `clock` only (the slices' length from a wall clock: it is
+    `metrics_changed`, `keys_changed` and `load_changed` are synchronous; `run` is the only
+    task that decides and builds, in slices (`SLICE_S`); a change that comes meanwhile is
+    decided next. Time is read from `clock` only (the slices' length from a wall clock: it is
     how long the loop is held, not logic).
     """
 
