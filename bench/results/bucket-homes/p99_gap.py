@@ -4,7 +4,8 @@
 describes, tried and not kept; and with affinity judged per return, in two runs of the
 same placement and one with `key_spare_slack` 1, each beside the router; and c96. And the
 steps to new keys by fewest in flight, on both; and new keys passing over the pods that
-just took a key's first request, with the default slack and with 2.)
+just took a key's first request, with the default slack and with 2, and on c96's seeds
+9-13 with it on and off.)
 
 Reads the kept runs' traces (requests after the 16 s warm-up). With hash homes: the
 project's from bounded-load's c-seeds-4-8-off and c-seeds-9-13-off, the router's from
@@ -90,6 +91,9 @@ def main() -> None:
         "first-requests-slack2-c96-seeds-4-8",
     ):
         runs = dict.fromkeys(FIRST, HERE / run)
+        report(f"c96 ({run})", runs, runs, scenario="c96")
+    for run in ("first-requests-c96-seeds-9-13", "first-requests-off-c96-seeds-9-13"):
+        runs = dict.fromkeys(SECOND, HERE / run)
         report(f"c96 ({run})", runs, runs, scenario="c96")
 
 
